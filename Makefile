@@ -1,0 +1,31 @@
+# Two commands for a fresh machine (see README):
+#   make run    set up .venv and generate the default dataset on the embedded model (no key)
+#   make test   set up .venv and run ruff, mypy and the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Offline machines: use shared tiktoken encodings when the folder is there (see README).
+TIKTOKEN_DIR := $(wildcard ../shared/data/tiktoken)
+ifneq ($(TIKTOKEN_DIR),)
+export TIKTOKEN_CACHE_DIR ?= $(abspath $(TIKTOKEN_DIR))
+endif
+
+.PHONY: setup run test lint
+
+$(BIN)/spasm: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev,eval]'
+	touch $(BIN)/spasm
+
+setup: $(BIN)/spasm
+
+run: setup
+	$(BIN)/spasm generate
+
+lint: setup
+	$(BIN)/ruff check spasm tests benchmarks
+	$(BIN)/mypy spasm
+
+test: lint
+	$(BIN)/pytest -q

@@ -1,0 +1,102 @@
+"""The two agents: the Client (the persona) and the Responder (the assistant under test).
+
+The Responder never receives the Client's persona card, and the Client is never told it is an
+AI: its system prompt is the card plus instructions to stay the person seeking help.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from spasm.backends.base import ChatRequest, Completion
+from spasm.calls import Caller, CallScope
+from spasm.history import History, Speaker
+from spasm.projection import SPEAKER_LABELS, Message, Viewer, project
+
+END_MARKER = "<END>"
+
+
+def client_system_prompt(card: str, responder_role: str) -> str:
+    """The Client's frame: its persona card and how to behave in the conversation."""
+    return (
+        f"{card}\n\n"
+        f"You are talking with a {responder_role}. You are the person seeking help: stay this "
+        "person throughout, with your own concern, feelings and way of speaking, and speak only "
+        "for yourself, in the first person. Do not give advice, do not offer help and do not take "
+        f"over the {responder_role}'s role. Write short chat messages (one to three sentences). "
+        "When your concern is settled or you want to leave, say goodbye naturally."
+    )
+
+
+def responder_system_prompt(role: str, instructions: str | None = None) -> str:
+    """The Responder's frame: its role only (never the Client's card)."""
+    base = (
+        f"You are a {role}. Someone has come to talk with you. Help them with care and "
+        "competence, ask a question when you need more information, and keep each reply short "
+        "(two to four sentences). Stay in your role."
+    )
+    return f"{base}\n\n{instructions}" if instructions else base
+
+
+_LABEL_PREFIX = re.compile(r"^\s*(?:\*\*)?(client|responder|user|assistant)(?:\*\*)?\s*:\s*", re.I)
+_OTHER_LINE = re.compile(r"\n\s*(?:\*\*)?(?:client|responder)(?:\*\*)?\s*:", re.I)
+
+
+def clean_reply(text: str) -> str:
+    """Tidy a generated utterance: drop a leading role label, anything the model wrote for the
+    other speaker after it, and our end marker."""
+    t = _LABEL_PREFIX.sub("", text.strip(), count=1)
+    cut = _OTHER_LINE.search(t)
+    if cut:
+        t = t[: cut.start()]
+    t = t.replace(END_MARKER, "")
+    return t.strip().strip('"').strip()
+
+
+def messages_digest(messages: list[Message]) -> str:
+    """sha256 of the exact messages an agent saw (to check a reconstruction byte for byte)."""
+    return hashlib.sha256(json.dumps(messages, ensure_ascii=False).encode()).hexdigest()
+
+
+def derive_seed(*parts: object) -> int:
+    """A 31-bit seed derived from any parts (stable across machines)."""
+    digest = hashlib.sha256(json.dumps(parts, default=str).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One side of the dialogue: who it is, which backend plays it, how it samples."""
+
+    speaker: Speaker
+    backend: str
+    viewer: Viewer
+    temperature: float
+    max_tokens: int
+
+    def messages(self, history: History, condition: str) -> list[Message]:
+        """What this agent sees now: Ψ(history, self)."""
+        return project(history, self.viewer, condition)
+
+    async def reply(
+        self, history: History, condition: str, caller: Caller, scope: CallScope, seed: int
+    ) -> tuple[str, Completion, list[Message]]:
+        """Generate this agent's next utterance from its own projected context."""
+        messages = self.messages(history, condition)
+        request = ChatRequest(
+            messages=tuple(messages), temperature=self.temperature,
+            max_tokens=self.max_tokens, seed=seed,
+        )
+        completion = await caller.complete(self.speaker, self.backend, request, scope)
+        text = clean_reply(completion.text)
+        if not text:
+            text = completion.text.strip()
+        return text, completion, messages
+
+
+def label(speaker: Speaker) -> str:
+    """Display label of a speaker."""
+    return SPEAKER_LABELS[speaker]

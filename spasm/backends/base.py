@@ -1,0 +1,91 @@
+"""The backend interface: one async method, usage recorded on the returned object."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from spasm.projection import Message
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """Everything that determines a completion; its hash is the cache key."""
+
+    messages: tuple[Message, ...]
+    temperature: float
+    max_tokens: int
+    seed: int | None = None
+    #: A JSON schema the reply must follow (structured output), or ``None`` for free text.
+    json_schema: dict[str, Any] | None = None
+    #: Distinguishes deliberate repeats of an identical request (e.g. re-sampling).
+    sample_index: int = 0
+
+    def params(self) -> dict[str, Any]:
+        """The sampling parameters, as logged in the call table."""
+        return {
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+            "structured": self.json_schema is not None,
+            "sample_index": self.sample_index,
+        }
+
+    def cache_key(self, identity: str) -> str:
+        """sha256 over the backend identity and the exact request."""
+        blob = json.dumps(
+            {
+                "backend": identity,
+                "messages": list(self.messages),
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+                "seed": self.seed,
+                "json_schema": self.json_schema,
+                "sample_index": self.sample_index,
+            },
+            sort_keys=True,
+            ensure_ascii=False,
+        ).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+@dataclass(slots=True)
+class Completion:
+    """A model's reply with the usage the backend reported."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    resolved_model: str
+    finish_reason: str = "stop"
+    latency_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """A model that answers chat requests. Implementations raise :mod:`spasm.errors` types."""
+
+    #: The backend's name in the run config.
+    name: str
+    #: The model name as configured.
+    model: str
+    #: How many requests may be in flight at once.
+    max_concurrency: int = 1
+
+    @property
+    def identity(self) -> str:
+        """What makes two backends interchangeable for caching (model and endpoint)."""
+        return f"{type(self).__name__}:{self.model}"
+
+    @abstractmethod
+    async def complete(self, request: ChatRequest) -> Completion:
+        """Run one request, once (retries belong to :mod:`spasm.calls`)."""
+
+    async def preflight(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Check at start-up that the backend can be used; raise UserError if not."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections or models."""

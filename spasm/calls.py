@@ -1,0 +1,346 @@
+"""Every LLM call goes through here: cache, limits, retries, budget and the call log.
+
+Retry policy (the only one: the SDK's retries are off):
+
+* retried: 429 (waiting at least the server's ``Retry-After``), 5xx, 408/409, timeouts,
+  dropped connections, malformed response bodies and empty completions;
+* not retried: other 4xx (bad request, auth, unknown model) and local errors;
+* backoff: full jitter, ``uniform(0, min(30, 0.5 · 2^attempt))`` seconds, at most
+  ``max_attempts`` attempts per call (backend config, default 6);
+* an empty completion is re-sampled with the next seed, so a deterministic server can recover.
+
+Every attempt is a row of the run's ``calls`` table; a cache hit is a row too. Only successful
+completions are cached, keyed by the sha256 of the backend identity and the exact request.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+from pydantic import BaseModel, ValidationError
+
+from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.config import BackendConfig
+from spasm.errors import (
+    BudgetExceededError,
+    EmptyCompletionError,
+    FatalBackendError,
+    RateLimitedError,
+    TransientBackendError,
+)
+from spasm.limits import BackendLimits
+from spasm.projection import Message
+from spasm.tokens import count_messages
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class Cache:
+    """A request-hash → completion store in SQLite (WAL; survives kill -9)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS completions (key TEXT PRIMARY KEY, value TEXT)")
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Completion | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM completions WHERE key=?", (key,)).fetchone()
+        if row is None:
+            return None
+        data = json.loads(row[0])
+        return Completion(**data)
+
+    def put(self, key: str, completion: Completion) -> None:
+        value = json.dumps(
+            {
+                "text": completion.text,
+                "prompt_tokens": completion.prompt_tokens,
+                "completion_tokens": completion.completion_tokens,
+                "resolved_model": completion.resolved_model,
+                "finish_reason": completion.finish_reason,
+                "latency_s": completion.latency_s,
+            }
+        )
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO completions VALUES (?, ?)", (key, value))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+@dataclass
+class Usage:
+    """Running totals for the whole run (progress bar, manifest, budget caps)."""
+
+    prompt_tokens: Counter[str] = field(default_factory=Counter)
+    completion_tokens: Counter[str] = field(default_factory=Counter)
+    calls: Counter[str] = field(default_factory=Counter)
+    cost: float = 0.0
+    cache_hits: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.prompt_tokens.values()) + sum(self.completion_tokens.values())
+
+    def by_role(self) -> dict[str, dict[str, int]]:
+        roles = sorted(set(self.calls) | set(self.prompt_tokens))
+        return {
+            r: {
+                "calls": self.calls[r],
+                "prompt_tokens": self.prompt_tokens[r],
+                "completion_tokens": self.completion_tokens[r],
+            }
+            for r in roles
+        }
+
+
+@dataclass
+class CallScope:
+    """Where a call belongs (its dialogue or persona) and the list its log rows go to."""
+
+    dialogue_id: str | None = None
+    persona_id: str | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    seq: int = 0
+
+    def next_id(self) -> str:
+        self.seq += 1
+        return f"{self.dialogue_id or self.persona_id or 'run'}#{self.seq:04d}"
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, RateLimitedError):
+        return "rate_limited"
+    if isinstance(exc, EmptyCompletionError):
+        return "empty"
+    if isinstance(exc, TransientBackendError):
+        text = str(exc)
+        if "timeout" in text:
+            return "timeout"
+        if "malformed" in text:
+            return "malformed"
+        if "connection" in text:
+            return "connection_error"
+        return "server_error"
+    if isinstance(exc, FatalBackendError):
+        return "fatal"
+    return "error"
+
+
+class Caller:
+    """Runs requests against named backends with one policy for limits, retries and caching."""
+
+    def __init__(
+        self,
+        backends: dict[str, Backend],
+        configs: dict[str, BackendConfig],
+        *,
+        cache: Cache | None = None,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
+        reask_attempts: int = 2,
+        sleep_scale: float = 1.0,
+    ) -> None:
+        self.backends = backends
+        self.configs = configs
+        self.cache = cache
+        self.max_cost = max_cost
+        self.max_tokens = max_tokens
+        self.reask_attempts = reask_attempts
+        self.sleep_scale = sleep_scale
+        self.usage = Usage()
+        self.limits = {
+            name: BackendLimits(b.max_concurrency, configs[name].rpm, configs[name].tpm)
+            for name, b in backends.items()
+        }
+        self._rng = random.Random()
+
+    def _check_budget(self) -> None:
+        if self.max_cost is not None and self.usage.cost >= self.max_cost:
+            raise BudgetExceededError(f"cost cap reached ({self.usage.cost:.4f} ≥ {self.max_cost})")
+        if self.max_tokens is not None and self.usage.total_tokens >= self.max_tokens:
+            raise BudgetExceededError(
+                f"token cap reached ({self.usage.total_tokens} ≥ {self.max_tokens})"
+            )
+
+    def _account(self, role: str, backend: str, c: Completion) -> None:
+        prices = self.configs[backend].prices
+        self.usage.prompt_tokens[role] += c.prompt_tokens
+        self.usage.completion_tokens[role] += c.completion_tokens
+        self.usage.calls[role] += 1
+        self.usage.cost += (
+            c.prompt_tokens * prices.input_per_1m + c.completion_tokens * prices.output_per_1m
+        ) / 1e6
+
+    def _record(
+        self,
+        scope: CallScope,
+        *,
+        role: str,
+        backend: Backend,
+        request: ChatRequest,
+        key: str,
+        attempt: int,
+        outcome: str,
+        completion: Completion | None,
+        latency: float,
+        error: str | None,
+        started: datetime,
+    ) -> None:
+        self.usage.outcomes[outcome] += 1
+        scope.records.append(
+            {
+                "call_id": scope.next_id(),
+                "dialogue_id": scope.dialogue_id,
+                "persona_id": scope.persona_id,
+                "role": role,
+                "backend": backend.name,
+                "model": backend.model,
+                "resolved_model": completion.resolved_model if completion else None,
+                "request_hash": key,
+                "params": json.dumps(request.params(), sort_keys=True),
+                "attempt": attempt,
+                "prompt_tokens": completion.prompt_tokens if completion else 0,
+                "completion_tokens": completion.completion_tokens if completion else 0,
+                "latency_s": latency,
+                "cache_hit": outcome == "cache_hit",
+                "outcome": outcome,
+                "error": error,
+                "started_at": started,
+            }
+        )
+
+    async def complete(
+        self, role: str, backend_name: str, request: ChatRequest, scope: CallScope
+    ) -> Completion:
+        """One logical call: cached, rate-limited, retried; returns a non-empty completion."""
+        backend = self.backends[backend_name]
+        cfg = self.configs[backend_name]
+        key = request.cache_key(backend.identity)
+        if self.cache is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.usage.cache_hits += 1
+                self._account(role, backend_name, hit)
+                self._record(
+                    scope, role=role, backend=backend, request=request, key=key, attempt=0,
+                    outcome="cache_hit", completion=hit, latency=0.0, error=None,
+                    started=datetime.now(UTC),
+                )
+                return hit
+        limits = self.limits[backend_name]
+        estimate = count_messages(request.messages) + request.max_tokens
+        attempt_request = request
+        last_exc: BaseException | None = None
+        for attempt in range(1, cfg.max_attempts + 1):
+            self._check_budget()
+            started = datetime.now(UTC)
+            t0 = time.perf_counter()
+            try:
+                async with limits.slots:
+                    await limits.admit(estimate)
+                    completion = await backend.complete(attempt_request)
+                if not completion.text.strip():
+                    raise EmptyCompletionError(f"empty completion from {backend_name}")
+            except (TransientBackendError, FatalBackendError) as exc:
+                latency = time.perf_counter() - t0
+                last_exc = exc
+                self._record(
+                    scope, role=role, backend=backend, request=attempt_request, key=key,
+                    attempt=attempt, outcome=_outcome(exc), completion=None, latency=latency,
+                    error=str(exc), started=started,
+                )
+                if isinstance(exc, FatalBackendError) or attempt == cfg.max_attempts:
+                    raise
+                delay = self._rng.uniform(0, min(30.0, 0.5 * 2 ** (attempt - 1)))
+                if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
+                    delay = max(delay, exc.retry_after)
+                if isinstance(exc, EmptyCompletionError) and attempt_request.seed is not None:
+                    attempt_request = replace(attempt_request, seed=attempt_request.seed + 1)
+                await anyio.sleep(delay * self.sleep_scale)
+                continue
+            latency = time.perf_counter() - t0
+            self._account(role, backend_name, completion)
+            self._record(
+                scope, role=role, backend=backend, request=attempt_request, key=key,
+                attempt=attempt, outcome="ok", completion=completion, latency=latency,
+                error=None, started=started,
+            )
+            if self.cache is not None:
+                self.cache.put(key, completion)
+            return completion
+        raise AssertionError("unreachable") from last_exc  # pragma: no cover
+
+    async def structured(
+        self,
+        role: str,
+        backend_name: str,
+        messages: list[Message],
+        schema: type[T],
+        scope: CallScope,
+        *,
+        temperature: float,
+        max_tokens: int = 256,
+        seed: int | None = None,
+    ) -> T | None:
+        """A structured call: parse into ``schema``; re-ask with the error; ``None`` if it never parses.
+
+        The caller decides the safe fallback for ``None`` and counts it.
+        """
+        convo = list(messages)
+        json_schema = schema.model_json_schema()
+        for ask in range(self.reask_attempts + 1):
+            request = ChatRequest(
+                messages=tuple(convo), temperature=temperature, max_tokens=max_tokens,
+                seed=seed, json_schema=json_schema,
+            )
+            completion = await self.complete(role, backend_name, request, scope)
+            try:
+                return schema.model_validate_json(_strip_fences(completion.text))
+            except ValidationError as exc:
+                scope.records[-1]["outcome"] = "invalid_output"
+                scope.records[-1]["error"] = _short_error(exc)
+                if ask == self.reask_attempts:
+                    return None
+                convo = [
+                    *convo,
+                    {"role": "assistant", "content": completion.text},
+                    {
+                        "role": "user",
+                        "content": "That reply did not validate: "
+                        f"{_short_error(exc)}. Reply again with only a JSON object that follows "
+                        f"this schema: {json.dumps(json_schema)}",
+                    },
+                ]
+        return None
+
+
+def _strip_fences(text: str) -> str:
+    """Models often wrap JSON in Markdown fences; take what is inside."""
+    t = text.strip()
+    if t.startswith("```"):
+        t = t.split("\n", 1)[1] if "\n" in t else t[3:]
+        t = t.rsplit("```", 1)[0]
+    start, end = t.find("{"), t.rfind("}")
+    return t[start : end + 1] if start != -1 and end > start else t
+
+
+def _short_error(exc: ValidationError) -> str:
+    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'reply'}: {e['msg']}" for e in exc.errors()]
+    return "; ".join(parts[:5])

@@ -1,0 +1,249 @@
+"""Run configuration: pydantic models with ``extra="forbid"`` so a typo is an error.
+
+A run config is YAML (or JSON). :func:`load_config` reads one and turns validation errors into a
+:class:`~spasm.errors.ConfigError` that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from spasm.errors import ConfigError
+
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Temperatures(_Strict):
+    """Sampling temperature per role (SPEC §2–3 defaults)."""
+
+    client: float = Field(0.7, ge=0, le=2)
+    responder: float = Field(0.7, ge=0, le=2)
+    judge: float = Field(0.3, ge=0, le=2)
+    validator: float = Field(0.3, ge=0, le=2)
+    crafter: float = Field(0.7, ge=0, le=2)
+
+
+class Prices(_Strict):
+    """Token prices in the currency of your bill, per million tokens."""
+
+    input_per_1m: float = Field(0.0, ge=0)
+    output_per_1m: float = Field(0.0, ge=0)
+
+
+class BackendConfig(_Strict):
+    """One model backend: an OpenAI-compatible endpoint or the embedded model."""
+
+    kind: Literal["openai", "embedded"] = "openai"
+    model: str = EMBEDDED_MODEL
+    base_url: str | None = None
+    #: The NAME of the environment variable holding the key; the key itself never enters config.
+    api_key_env: str | None = None
+    max_concurrency: int = Field(16, ge=1, le=10_000)
+    rpm: int | None = Field(None, ge=1, description="requests per minute cap")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute cap")
+    timeout_s: float = Field(60.0, gt=0)
+    max_attempts: int = Field(6, ge=1, le=20)
+    temperatures: Temperatures = Temperatures()
+    prices: Prices = Prices()
+    #: Embedded only: llama.cpp threads (defaults to the machine's cores) and context size.
+    n_threads: int | None = Field(None, ge=1)
+    n_ctx: int = Field(8192, ge=512)
+    model_path: str | None = None
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> BackendConfig:
+        if self.kind == "openai" and not self.base_url:
+            raise ValueError("an 'openai' backend needs base_url (e.g. https://api.openai.com/v1)")
+        if self.api_key_env is not None and not self.api_key_env.replace("_", "").isalnum():
+            raise ValueError(
+                "api_key_env is the NAME of an environment variable (like OPENAI_API_KEY), "
+                "not the key itself"
+            )
+        return self
+
+
+class PairingConfig(_Strict):
+    """Which backend plays the Client and which the Responder."""
+
+    client: str
+    responder: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.client}/{self.responder}"
+
+
+class PersonaConfig(_Strict):
+    """Persona pipeline settings (SPEC §2)."""
+
+    n: int = Field(4, ge=1)
+    #: Path to a persona schema file; ``None`` uses the bundled ``schemas/persona.yaml``.
+    schema_file: str | None = None
+    llm_validate: bool = False
+    llm_craft: bool = False
+    #: Backend for the LLM validator/crafter; defaults to the first pairing's client backend.
+    backend: str | None = None
+    #: Give up when this many candidates in a row fail for every n (rules reject nearly all).
+    max_draws_per_persona: int = Field(200, ge=1)
+
+
+class TerminationConfig(_Strict):
+    """The termination detector chain (SPEC §3)."""
+
+    rules: bool = True
+    window: int = Field(4, ge=2, description="m: utterances the rules look at")
+    min_utterances: int = Field(4, ge=2)
+    judge: bool = False
+    judge_backend: str | None = None
+
+
+class DialogueConfig(_Strict):
+    """How each dialogue is run."""
+
+    max_turns_per_agent: int = Field(25, ge=1, le=100)
+    responder_role: str = "customer-service agent"
+    responder_instructions: str | None = None
+    max_tokens: int = Field(200, ge=8, description="cap on each generated utterance")
+
+
+class EngineConfig(_Strict):
+    """Run-engine settings (SPEC §6)."""
+
+    max_dialogues_in_flight: int | None = Field(
+        None, ge=1, description="default: enough to keep every backend's slots busy"
+    )
+    flush_every: int = Field(32, ge=1, description="completed dialogues per Parquet part")
+    cache: bool = True
+    max_cost: float | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
+    reask_attempts: int = Field(2, ge=0, le=5)
+
+
+class RunConfig(_Strict):
+    """A whole run: personas × conversations × pairings × conditions."""
+
+    name: str = Field("run", pattern=r"^[A-Za-z0-9._-]+$")
+    seed: int = 0
+    personas: PersonaConfig = PersonaConfig()
+    conversations_per_persona: int = Field(1, ge=1)
+    conditions: list[str] = ["ecp"]
+    backends: dict[str, BackendConfig] = {"embedded": BackendConfig(kind="embedded")}
+    pairings: list[PairingConfig] | Literal["grid"] = [
+        PairingConfig(client="embedded", responder="embedded")
+    ]
+    dialogue: DialogueConfig = DialogueConfig()
+    termination: TerminationConfig = TerminationConfig()
+    engine: EngineConfig = EngineConfig()
+
+    @field_validator("conditions")
+    @classmethod
+    def _known_conditions(cls, v: list[str]) -> list[str]:
+        from spasm.projection import projection_names
+
+        if not v:
+            raise ValueError("at least one condition is needed")
+        unknown = [c for c in v if c not in projection_names()]
+        if unknown:
+            raise ValueError(f"unknown condition(s) {unknown}; known: {projection_names()}")
+        if len(set(v)) != len(v):
+            raise ValueError("conditions repeat")
+        return v
+
+    @model_validator(mode="after")
+    def _check_references(self) -> RunConfig:
+        if not self.backends:
+            raise ValueError("at least one backend is needed")
+        names = set(self.backends)
+        refs = [(p.client, "pairings") for p in self.pairing_list] + [
+            (p.responder, "pairings") for p in self.pairing_list
+        ]
+        if self.personas.backend:
+            refs.append((self.personas.backend, "personas.backend"))
+        if self.termination.judge_backend:
+            refs.append((self.termination.judge_backend, "termination.judge_backend"))
+        for ref, where in refs:
+            if ref not in names:
+                raise ValueError(f"{where} names backend {ref!r}, not one of {sorted(names)}")
+        return self
+
+    @property
+    def pairing_list(self) -> list[PairingConfig]:
+        """The pairings, with ``grid`` expanded to every (client, responder) combination."""
+        if self.pairings == "grid":
+            return [PairingConfig(client=c, responder=r) for c in self.backends for r in self.backends]
+        return list(self.pairings)
+
+    def redacted(self) -> dict[str, Any]:
+        """The resolved config as plain data; it holds env var names, never key values."""
+        return self.model_dump(mode="json")
+
+    def fingerprint(self) -> str:
+        """A hash of what determines the dataset (used to refuse resuming a different run)."""
+        data = self.redacted()
+        # Engine knobs change speed and caps, not content, so a resume may change them.
+        data.pop("engine", None)
+        for b in data["backends"].values():
+            for k in ("max_concurrency", "rpm", "tpm", "timeout_s", "max_attempts", "n_threads"):
+                b.pop(k, None)
+        blob = json.dumps(data, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def data_path(kind: Literal["schemas", "configs"], name: str) -> Path:
+    """Locate a bundled data file: the repository's folder, or the copy inside the wheel."""
+    repo = Path(__file__).resolve().parent.parent / kind / name
+    if repo.exists():
+        return repo
+    packaged = Path(str(files("spasm").joinpath("_data", kind, name)))
+    if packaged.exists():
+        return packaged
+    raise ConfigError(f"Bundled file {kind}/{name} not found (is the installation complete?)")
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One readable line per problem, naming the file and the field path."""
+    lines = [f"{source}: the config is not valid:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (typo?)"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>") -> RunConfig:
+    """Validate plain data (from YAML/JSON) into a :class:`RunConfig`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a run config must be a mapping of keys to values")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a YAML or JSON run config."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"Cannot read config {p}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    return parse_config(data, str(p))

@@ -1,0 +1,352 @@
+"""The run engine (SPEC §6): plans the dialogues, runs many at once, streams results to disk.
+
+Parallelism is across dialogues (a dialogue is a sequential chain of calls); each backend's
+limits live in :mod:`spasm.calls`. Completed dialogues are flushed in batches of
+``engine.flush_every``, so memory stays flat however large the run. A rerun of the same command
+(or ``--resume``) skips every committed dialogue and replays cached calls for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from tqdm import tqdm
+
+from spasm.agents import derive_seed
+from spasm.backends import Backend, make_backend
+from spasm.calls import Cache, Caller
+from spasm.config import RunConfig
+from spasm.errors import BudgetExceededError, UserError
+from spasm.personas import build_personas, load_schema
+from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
+from spasm.store import SCHEMA_VERSION, RunStore, persona_schema, rejection_schema, write_json
+from spasm.tokens import counter_source
+
+
+@dataclass
+class RunSummary:
+    """What a run (or one pass of a resumed run) did."""
+
+    run_dir: Path
+    planned: int = 0
+    completed: int = 0
+    new: int = 0
+    errors: int = 0
+    error_types: Counter[str] = field(default_factory=Counter)
+    terminations: Counter[str] = field(default_factory=Counter)
+    stopped: str | None = None
+    elapsed_s: float = 0.0
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """The one-line summary the CLI prints."""
+        parts = [f"{self.completed}/{self.planned} dialogues"]
+        if self.new != self.completed:
+            parts.append(f"{self.new} new")
+        if self.terminations:
+            parts.append(", ".join(f"{k} {v}" for k, v in sorted(self.terminations.items())))
+        if self.errors:
+            why = ", ".join(f"{k} {v}" for k, v in self.error_types.most_common())
+            parts.append(f"{self.errors} quarantined ({why})")
+        tokens = self.usage.get("total_tokens", 0)
+        parts.append(f"{tokens:,} tokens")
+        cost = self.usage.get("cost", 0.0)
+        if cost:
+            parts.append(f"cost {cost:.4f}")
+        parts.append(f"{self.elapsed_s:.1f}s")
+        if self.stopped:
+            parts.append(f"STOPPED: {self.stopped}")
+        return "; ".join(parts)
+
+
+def _version(pkg: str) -> str:
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def plan(config: RunConfig, personas: list[dict[str, Any]]) -> Iterator[DialogueSpec]:
+    """Every dialogue of the run, in a stable order. The seed depends on the persona and the
+    conversation index only, so every pairing and condition of a conversation shares it."""
+    for persona in personas:
+        for k in range(config.conversations_per_persona):
+            seed = derive_seed(config.seed, persona["persona_id"], k)
+            for pairing in config.pairing_list:
+                for condition in config.conditions:
+                    did = f"{persona['persona_id']}-k{k}-{pairing.client}-{pairing.responder}-{condition}"
+                    yield DialogueSpec(did, persona, k, condition, pairing, seed)
+
+
+def make_backends(config: RunConfig) -> dict[str, Backend]:
+    """Build every backend the config uses (a missing key env var fails here, before any I/O)."""
+    used = {p.client for p in config.pairing_list} | {p.responder for p in config.pairing_list}
+    if config.personas.backend:
+        used.add(config.personas.backend)
+    if config.termination.judge_backend:
+        used.add(config.termination.judge_backend)
+    return {name: make_backend(name, config.backends[name]) for name in sorted(used)}
+
+
+class Engine:
+    """Runs one config into one run directory."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        *,
+        overwrite: bool = False,
+        progress: bool | None = None,
+        backends: dict[str, Backend] | None = None,
+        simulate: Callable[..., Any] = simulate_dialogue,
+        sleep_scale: float = 1.0,
+    ) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.overwrite = overwrite
+        self.progress = progress
+        self._backends = backends
+        self._simulate = simulate
+        self.sleep_scale = sleep_scale
+        self.store = RunStore(self.run_dir)
+
+    # -- set-up ----------------------------------------------------------------------------
+    def _check_run_dir(self) -> None:
+        cfg_file = self.run_dir / "config.json"
+        if not cfg_file.exists():
+            if self.run_dir.exists() and any(self.run_dir.iterdir()) and not self.overwrite:
+                raise UserError(
+                    f"{self.run_dir} exists and is not a spasm run directory; choose another "
+                    "--out or pass --overwrite."
+                )
+            return
+        old = json.loads(cfg_file.read_text())
+        if old.get("fingerprint") != self.config.fingerprint():
+            if not self.overwrite:
+                raise UserError(
+                    f"{self.run_dir} holds a run with a different config (personas, pairings, "
+                    "conditions or prompts differ), so it cannot be resumed. Use another --out, "
+                    "or --overwrite to replace it."
+                )
+            shutil.rmtree(self.run_dir)
+        elif self.overwrite:
+            shutil.rmtree(self.run_dir)
+
+    def _manifest(self, summary: RunSummary, caller: Caller, status: str, started: str) -> None:
+        write_json(
+            self.run_dir / "manifest.json",
+            {
+                "spasm_version": _version("spasm"),
+                "schema_version": SCHEMA_VERSION,
+                "status": status,
+                "name": self.config.name,
+                "seed": self.config.seed,
+                "started_at": started,
+                "updated_at": datetime.now(UTC).isoformat(),
+                "counts": {
+                    "planned": summary.planned,
+                    "completed": summary.completed,
+                    "new_this_pass": summary.new,
+                    "quarantined_this_pass": summary.errors,
+                    "terminations_this_pass": dict(summary.terminations),
+                    "errors_this_pass": dict(summary.error_types),
+                },
+                "usage": {
+                    "by_role": caller.usage.by_role(),
+                    "total_tokens": caller.usage.total_tokens,
+                    "cost": caller.usage.cost,
+                    "cache_hits": caller.usage.cache_hits,
+                    "call_outcomes": dict(caller.usage.outcomes),
+                },
+                "timing": {"elapsed_s": summary.elapsed_s},
+                "stopped": summary.stopped,
+                "versions": {
+                    "python": platform.python_version(),
+                    **{p: _version(p) for p in ("openai", "pyarrow", "pydantic", "llama-cpp-python")},
+                },
+                "token_counter": counter_source(),
+                "tables": ["personas", "persona_rejections", "dialogues", "turns", "calls", "errors"],
+            },
+        )
+
+    async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
+        existing = self.store.read("personas")
+        if existing is not None:
+            return list(existing.to_pylist())
+        pc = self.config.personas
+        schema = load_schema(pc.schema_file)
+        backend = pc.backend or self.config.pairing_list[0].client
+        temps = self.config.backends[backend].temperatures
+        result = await build_personas(
+            schema, pc.n, self.config.seed, caller=caller, backend=backend,
+            llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
+            validator_temperature=temps.validator, crafter_temperature=temps.crafter,
+            max_draws_per_persona=pc.max_draws_per_persona,
+        )
+        calls = [c for p in result.accepted for c in p.pop("_calls")]
+        ints = schema.integer_fields()
+        self.store.schemas["persona_rejections"] = rejection_schema(schema.field_names, ints)
+        self.store.schemas["personas"] = persona_schema(schema.field_names, ints)
+        self.store.write_batch(
+            "personas",
+            {"persona_rejections": result.rejected, "calls": calls, "personas": result.accepted},
+        )
+        return result.accepted
+
+    def dialogues_in_flight(self, backends: dict[str, Backend]) -> int:
+        if self.config.engine.max_dialogues_in_flight:
+            return self.config.engine.max_dialogues_in_flight
+        used = {p.client for p in self.config.pairing_list} | {
+            p.responder for p in self.config.pairing_list
+        }
+        return max(1, sum(backends[b].max_concurrency for b in used))
+
+    # -- the run ---------------------------------------------------------------------------
+    async def run(self) -> RunSummary:
+        """Run (or resume) the whole config; returns what happened."""
+        t0 = time.perf_counter()
+        backends = self._backends if self._backends is not None else make_backends(self.config)
+        try:
+            for b in backends.values():
+                await b.preflight()
+            # Only now, with every input checked, touch the disk.
+            self._check_run_dir()
+            return await self._run(backends, t0)
+        finally:
+            for b in backends.values():
+                await b.aclose()
+
+    async def _run(self, backends: dict[str, Backend], t0: float) -> RunSummary:
+        store = self.store
+        store.create()
+        store.recover()
+        started = datetime.now(UTC).isoformat()
+        write_json(
+            self.run_dir / "config.json",
+            {"fingerprint": self.config.fingerprint(), "config": self.config.redacted()},
+        )
+        ec = self.config.engine
+        cache = Cache(self.run_dir / "cache.sqlite") if ec.cache else None
+        caller = Caller(
+            backends, dict(self.config.backends), cache=cache, max_cost=ec.max_cost,
+            max_tokens=ec.max_tokens, reask_attempts=ec.reask_attempts,
+            sleep_scale=self.sleep_scale,
+        )
+        summary = RunSummary(self.run_dir)
+        self._manifest(summary, caller, "running", started)
+        try:
+            personas = await self._personas(caller)
+            specs = list(plan(self.config, personas))
+            done = store.done_dialogue_ids()
+            todo = [s for s in specs if s.dialogue_id not in done]
+            summary.planned = len(specs)
+            summary.completed = len(specs) - len(todo)
+            await self._execute(todo, backends, caller, summary)
+        finally:
+            summary.elapsed_s = time.perf_counter() - t0
+            summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
+            with anyio.CancelScope(shield=True):
+                if summary.stopped is None and summary.completed == summary.planned:
+                    await anyio.to_thread.run_sync(store.compact_all)
+                    status = "complete"
+                else:
+                    status = "stopped" if summary.stopped else "incomplete"
+                self._manifest(summary, caller, status, started)
+            if cache is not None:
+                cache.close()
+        return summary
+
+    async def _execute(
+        self,
+        todo: list[DialogueSpec],
+        backends: dict[str, Backend],
+        caller: Caller,
+        summary: RunSummary,
+    ) -> None:
+        pending: list[DialogueResult] = []
+        write_lock = anyio.Lock()
+        batch_no = len(list(self.store.commits.glob("*")))
+        bar = tqdm(
+            total=summary.planned, initial=summary.completed, unit="dlg", desc="dialogues",
+            disable={True: False, False: True, None: None}[self.progress],
+            dynamic_ncols=True,
+        )
+
+        async def flush() -> None:
+            nonlocal batch_no
+            async with write_lock:
+                if not pending:
+                    return
+                batch = pending[:]
+                pending.clear()
+                batch_no += 1
+                tables: dict[str, list[dict[str, Any]]] = {
+                    "turns": [t for r in batch for t in r.turns],
+                    "calls": [c for r in batch for c in r.calls],
+                    "errors": [r.error for r in batch if r.error is not None],
+                    "dialogues": [r.dialogue for r in batch if r.dialogue is not None],
+                }
+                name = f"{batch_no:06d}-{datetime.now(UTC).strftime('%H%M%S%f')}"
+                await anyio.to_thread.run_sync(self.store.write_batch, name, tables)
+
+        send, receive = anyio.create_memory_object_stream[DialogueSpec](0)
+
+        async def producer() -> None:
+            async with send:
+                for spec in todo:
+                    await send.send(spec)
+
+        async def worker(specs: Any) -> None:
+            async with specs:
+                async for spec in specs:
+                    result: DialogueResult = await self._simulate(spec, self.config, caller)
+                    pending.append(result)
+                    if result.error is not None:
+                        summary.errors += 1
+                        summary.error_types[result.error["error_type"]] += 1
+                    else:
+                        assert result.dialogue is not None
+                        summary.new += 1
+                        summary.completed += 1
+                        summary.terminations[result.dialogue["termination_reason"]] += 1
+                        bar.update(1)
+                    bar.set_postfix(
+                        tokens=f"{caller.usage.total_tokens:,}",
+                        cost=f"{caller.usage.cost:.4f}",
+                        errors=summary.errors,
+                        refresh=False,
+                    )
+                    if len(pending) >= self.config.engine.flush_every:
+                        await flush()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(producer)
+                for _ in range(min(self.dialogues_in_flight(backends), max(1, len(todo)))):
+                    tg.start_soon(worker, receive.clone())
+                receive.close()
+        except BudgetExceededError as exc:
+            summary.stopped = str(exc)
+        except BaseExceptionGroup as group:
+            budget, rest = group.split(BudgetExceededError)
+            if rest is not None:
+                raise rest from None
+            assert budget is not None
+            summary.stopped = str(budget.exceptions[0])
+        finally:
+            with anyio.CancelScope(shield=True):
+                await flush()
+            bar.close()

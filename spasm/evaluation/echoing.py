@@ -1,0 +1,364 @@
+"""Echoing: did one side abandon its role and mirror the other?
+
+Two ways to decide, per conversation:
+
+rule (default, no LLM)
+    Three cheap signals per utterance (from each speaker's second turn on):
+
+    * ``copy`` — the share of the utterance's content word 3-grams that appeared earlier
+      in the *partner's* turns but never in the speaker's own (3-grams made only of
+      stopwords do not count);
+    * ``mirror`` — cos(utterance, partner's previous turn) − max cos(utterance, the
+      speaker's own earlier turns): positive when the utterance sounds more like the
+      partner than like the speaker so far;
+    * ``cues`` — role-reversal phrases: for the Client, helper talk ("you should",
+      "I'd recommend", "have you tried", "here are some", numbered steps, "how can I help
+      you", "is there anything else I can help"); for the Responder, help-seeking talk
+      ("can you help me", "what should I do", "I'm worried about my").
+
+    ``turn score = 0.45·min(cues, 3)/3 + 0.35·copy + 0.20·clip(mirror / 0.15, 0, 1)``;
+    a side's score is the maximum over its turns; the conversation echoes when a side's
+    score reaches the threshold (0.5), and ``who`` is the side with the higher score.
+    Cues alone (at most 0.45) never suffice: an angry Client's "you should fix this" is
+    not echoing unless its words or its voice also came from the partner.
+judge (optional)
+    an LLM reads the conversation with a written rubric and returns
+    ``{echoing, who, evidence}``; malformed replies are re-asked once, then the rule's
+    verdict is used and counted as a fallback.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from spasm.evaluation.embeddings import FloatArray
+from spasm.evaluation.llm import ChatFn, ask_structured
+from spasm.evaluation.loader import Conversation
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "EchoVerdict",
+    "JudgeVerdict",
+    "TurnSignals",
+    "judge_echoing",
+    "role_cues",
+    "rule_echoing",
+]
+
+DEFAULT_THRESHOLD = 0.5
+Side = Literal["client", "responder"]
+Who = Literal["client", "responder", "none"]
+
+# Weights of the turn score (documented above and in docs/evaluation.md).
+W_CUES, W_COPY, W_MIRROR = 0.45, 0.35, 0.20
+MAX_CUES = 3
+MIRROR_FULL = 0.15
+
+_STOPWORDS = frozenset(
+    """a about after again all also am an and any are as at be been before being but by can
+    could did do does doing don't for from had has have having he her here hers him his how i
+    i'd i'll i'm i've if in into is it it's its just let me more most my no not now of on once
+    only or other our out over own same she should so some such than that that's the their
+    them then there these they this those through to too under until up very was we were what
+    when where which while who why will with would you you're your yours""".split()
+)
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+# Helper talk in the Client's mouth. Each pattern that matches counts as one cue.
+_CLIENT_CUES = [
+    r"\byou (?:should|must|need to|ought to)\b",
+    r"\byou (?:could|might|may) (?:want to |also )?(?:try|consider|look into|start)\b",
+    r"\bi(?:'d| would)? (?:strongly )?(?:recommend|suggest|advise)\b",
+    r"\bhave you (?:tried|considered|thought about|looked into)\b",
+    r"\bhere (?:are|is) (?:some|a few|what|my)\b",
+    r"\bmy (?:advice|suggestion|recommendation)\b",
+    r"\bhow (?:can|may) i (?:help|assist)\b",
+    r"\bis there anything else (?:i|we) can\b",
+    r"\b(?:i'd|i would|i'm|i am) (?:be )?(?:happy|glad) to (?:help|assist)\b",
+    r"\blet me (?:help|assist|explain|walk you)\b",
+    r"\bi understand (?:your|how you|that you)\b",
+    r"\bit(?:'s| is) (?:important|essential|crucial|a good idea) to\b",
+    r"\bmake sure (?:to|you)\b",
+    r"\bfeel free to\b",
+    r"\b(?:first|step one)[,:] \w+",
+]
+_RESPONDER_CUES = [
+    r"\b(?:can|could) you (?:please )?(?:help|advise) me\b",
+    r"\bi need (?:your )?(?:help|advice)\b",
+    r"\bwhat should i do\b",
+    r"\bi(?:'m| am) (?:so |really |very )?(?:worried|anxious|scared|frustrated|stressed) about my\b",
+    r"\bmy (?:problem|issue) is\b",
+    r"\bi(?:'ve| have) been (?:struggling|dealing) with\b",
+    r"\bthanks? (?:you )?(?:so much )?for (?:your|the) (?:help|advice)\b",
+]
+_CUE_PATTERNS: dict[Side, list[re.Pattern[str]]] = {
+    "client": [re.compile(p, re.IGNORECASE) for p in _CLIENT_CUES],
+    "responder": [re.compile(p, re.IGNORECASE) for p in _RESPONDER_CUES],
+}
+_LIST_ITEM = re.compile(r"(?m)^\s*(?:\d+[.)]|[-*\u2022])\s+\S")
+_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
+
+
+def _tokens(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def _content_trigrams(tokens: Sequence[str]) -> list[tuple[str, str, str]]:
+    grams = [(tokens[i], tokens[i + 1], tokens[i + 2]) for i in range(len(tokens) - 2)]
+    return [g for g in grams if not all(w in _STOPWORDS for w in g)]
+
+
+def role_cues(text: str, side: Side) -> list[str]:
+    """The role-reversal phrases found in ``text`` spoken by ``side`` (one per pattern).
+
+    For the Client a list of two or more numbered or bulleted lines counts as one cue.
+    """
+    found = []
+    for pattern in _CUE_PATTERNS[side]:
+        m = pattern.search(text)
+        if m:
+            found.append(m.group(0))
+    if side == "client" and len(_LIST_ITEM.findall(text)) >= 2:
+        found.append("a numbered/bulleted list of steps")
+    return found
+
+
+@dataclass
+class TurnSignals:
+    """The cheap signals of one utterance."""
+
+    index: int
+    speaker: Side
+    copy: float
+    mirror: float
+    cues: list[str]
+    score: float
+    copied_span: str = ""
+
+
+@dataclass
+class EchoVerdict:
+    """The echoing verdict of one conversation."""
+
+    dialogue_id: str
+    echoing: bool
+    who: Who
+    score: float
+    client_score: float
+    responder_score: float
+    evidence: list[str]
+    method: Literal["rule", "judge"] = "rule"
+    turns: list[TurnSignals] = field(default_factory=list)
+
+
+def _longest_copied_span(tokens: Sequence[str], copied: set[tuple[str, str, str]]) -> str:
+    best: tuple[int, int] = (0, 0)
+    start = None
+    for i in range(len(tokens) - 2):
+        hit = (tokens[i], tokens[i + 1], tokens[i + 2]) in copied
+        if hit and start is None:
+            start = i
+        if start is not None and (not hit or i == len(tokens) - 3):
+            end = i + 2 if hit else i + 1
+            if end - start > best[1] - best[0]:
+                best = (start, end)
+            start = None
+    return " ".join(tokens[best[0] : best[1] + 1]) if best[1] > best[0] else ""
+
+
+def _quote(text: str, limit: int = 180) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _sentence_with(text: str, phrase: str) -> str:
+    low = phrase.lower()
+    for sentence in _SENTENCE.findall(text):
+        if low in sentence.lower():
+            return sentence.strip()
+    return text
+
+
+def rule_echoing(
+    conv: Conversation,
+    vectors: FloatArray,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> EchoVerdict:
+    """Decide echoing for one conversation from the cheap signals.
+
+    Args:
+        conv: the conversation.
+        vectors: one L2-normalised embedding per utterance of ``conv``, in order.
+        threshold: side score at or above which the conversation counts as echoing.
+    """
+    tokens = [_tokens(t) for t in conv.texts]
+    grams = [set(_content_trigrams(tok)) for tok in tokens]
+    seen: dict[str, set[tuple[str, str, str]]] = {"client": set(), "responder": set()}
+    own_rows: dict[str, list[int]] = {"client": [], "responder": []}
+    signals: list[TurnSignals] = []
+    for i, speaker_raw in enumerate(conv.speakers):
+        if speaker_raw not in ("client", "responder"):
+            continue
+        speaker: Side = "client" if speaker_raw == "client" else "responder"
+        partner: Side = "responder" if speaker == "client" else "client"
+        # From the speaker's second turn on: its first turn has no own voice to compare with.
+        if own_rows[speaker] and i > 0:
+            mine = grams[i]
+            copied = {g for g in mine if g in seen[partner] and g not in seen[speaker]}
+            copy = len(copied) / len(mine) if len(mine) >= 3 else 0.0
+            prev_partner = next(
+                (j for j in range(i - 1, -1, -1) if conv.speakers[j] == partner), None
+            )
+            mirror = 0.0
+            if prev_partner is not None:
+                sim_partner = float(vectors[i] @ vectors[prev_partner])
+                sim_self = float(np.max(vectors[own_rows[speaker]] @ vectors[i]))
+                mirror = sim_partner - sim_self
+            cues = role_cues(conv.texts[i], speaker)
+            score = (
+                W_CUES * min(len(cues), MAX_CUES) / MAX_CUES
+                + W_COPY * copy
+                + W_MIRROR * float(np.clip(mirror / MIRROR_FULL, 0.0, 1.0))
+            )
+            signals.append(TurnSignals(
+                index=i, speaker=speaker, copy=copy, mirror=mirror, cues=cues, score=score,
+                copied_span=_longest_copied_span(tokens[i], copied),
+            ))
+        seen[speaker] |= grams[i]
+        own_rows[speaker].append(i)
+
+    side_score = {
+        side: max((s.score for s in signals if s.speaker == side), default=0.0)
+        for side in ("client", "responder")
+    }
+    who: Who = "none"
+    best = max(side_score, key=lambda s: side_score[s])
+    echoing = side_score[best] >= threshold
+    if echoing:
+        who = "client" if best == "client" else "responder"
+    evidence: list[str] = []
+    if echoing:
+        flagged = sorted((s for s in signals if s.speaker == who and s.score >= threshold),
+                         key=lambda s: -s.score)[:3]
+        for s in flagged:
+            turn_no = conv.speakers[: s.index + 1].count(s.speaker) - 1
+            where = f"{s.speaker} turn {turn_no}"
+            if s.cues:
+                evidence.append(f'{where}: "{_quote(_sentence_with(conv.texts[s.index], s.cues[0]))}"')
+            if s.copied_span and len(s.copied_span.split()) >= 4:
+                evidence.append(f'{where} repeats the {"responder" if who == "client" else "client"}: '
+                                f'"{_quote(s.copied_span)}"')
+            if not s.cues and not s.copied_span:
+                evidence.append(f'{where}: "{_quote(conv.texts[s.index])}"')
+    return EchoVerdict(
+        dialogue_id=conv.dialogue_id, echoing=echoing, who=who,
+        score=round(side_score[best], 4), client_score=round(side_score["client"], 4),
+        responder_score=round(side_score["responder"], 4), evidence=evidence, method="rule",
+        turns=signals,
+    )
+
+
+class JudgeVerdict(BaseModel):
+    """The judge's structured answer."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    echoing: bool
+    who: Who
+    evidence: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JudgeVerdict:
+        if self.echoing and self.who == "none":
+            raise ValueError('"echoing" is true, so "who" must be "client" or "responder"')
+        if not self.echoing and self.who != "none":
+            raise ValueError('"echoing" is false, so "who" must be "none"')
+        return self
+
+
+JUDGE_RUBRIC = """You audit a simulated conversation between a CLIENT (a simulated person with their \
+own problem, feelings and goals, who came for help) and a RESPONDER (the helper: agent, \
+counsellor, tutor). Decide whether ECHOING happened: one side abandoned its own role and \
+began to mirror the other.
+
+Echoing by the client — any of these, sustained or blatant:
+- the client gives the advice, instructions, steps or reassurance instead of seeking them;
+- the client talks like a service agent ("How can I help you?", "Is there anything else I can \
+help with?", "I understand your concern");
+- the client repeats or paraphrases the responder's advice back as its own content, in the \
+responder's phrasing, instead of reacting to it as the person with the problem.
+Echoing by the responder — it starts describing the client's problem as its own, asks the \
+client for help, or copies the client's messages.
+
+Not echoing: briefly quoting the other side to ask about it, agreeing, thanking, summarising \
+what was agreed before ending, or a frustrated client telling the responder what they should do.
+
+Reply with only a JSON object:
+{"echoing": true|false, "who": "client"|"responder"|"none", "evidence": ["short verbatim quote", ...]}
+"who" is "none" exactly when "echoing" is false. Give at most 3 quotes, copied from the \
+conversation."""
+
+
+def _judge_messages(conv: Conversation) -> list[dict[str, str]]:
+    lines = [
+        f"[{i}] {'CLIENT' if s == 'client' else 'RESPONDER'}: {t}"
+        for i, (s, t) in enumerate(zip(conv.speakers, conv.texts, strict=True))
+    ]
+    return [
+        {"role": "system", "content": JUDGE_RUBRIC},
+        {"role": "user", "content": "Conversation:\n\n" + "\n\n".join(lines)},
+    ]
+
+
+async def judge_echoing(
+    conversations: Sequence[Conversation],
+    rule_verdicts: dict[str, EchoVerdict],
+    chat: ChatFn,
+    *,
+    concurrency: int = 8,
+    temperature: float = 0.3,
+    on_done: Callable[[int], None] | None = None,
+) -> tuple[dict[str, EchoVerdict], int, int]:
+    """LLM-judge verdicts, falling back to ``rule_verdicts`` when the judge fails twice.
+
+    Returns:
+        ``(verdicts by dialogue_id, calls, fallbacks)``.
+    """
+    limiter = anyio.CapacityLimiter(concurrency)
+    out: dict[str, EchoVerdict] = {}
+    counters = {"calls": 0, "fallbacks": 0}
+
+    async def judge_one(conv: Conversation) -> None:
+        async with limiter:
+            parsed, calls = await ask_structured(
+                chat, _judge_messages(conv), JudgeVerdict, temperature=temperature
+            )
+        counters["calls"] += calls
+        rule = rule_verdicts[conv.dialogue_id]
+        if parsed is None:
+            counters["fallbacks"] += 1
+            out[conv.dialogue_id] = rule
+        else:
+            out[conv.dialogue_id] = EchoVerdict(
+                dialogue_id=conv.dialogue_id, echoing=parsed.echoing, who=parsed.who,
+                score=1.0 if parsed.echoing else 0.0, client_score=rule.client_score,
+                responder_score=rule.responder_score,
+                evidence=[_quote(e) for e in parsed.evidence[:3]], method="judge",
+                turns=rule.turns,
+            )
+        if on_done is not None:
+            on_done(1)
+
+    async with anyio.create_task_group() as tg:
+        for conv in conversations:
+            tg.start_soon(judge_one, conv)
+    return out, counters["calls"], counters["fallbacks"]

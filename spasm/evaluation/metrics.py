@@ -1,0 +1,172 @@
+"""The result of an evaluation, as pydantic models (serialised to ``eval/metrics.json``).
+
+``None`` in a numeric field means "could not be computed"; the neighbouring ``note``
+says why. Bump :data:`SCHEMA_VERSION` whenever a field changes meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ConditionSummary",
+    "Counts",
+    "DriftMetrics",
+    "DriftPoint",
+    "EchoExample",
+    "EchoRate",
+    "EchoingMetrics",
+    "Metrics",
+    "PairedComparison",
+    "SeparabilityGroup",
+]
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Counts(_Model):
+    """How much data went into the evaluation."""
+
+    personas: int
+    dialogues_total: int = Field(description="rows in dialogues.parquet, any status")
+    dialogues_ok: int = Field(description="dialogues with status == 'ok' that have turns")
+    utterances: int
+    client_turns: int
+    texts_embedded: int = Field(description="texts sent to the embedder (cache misses)")
+    texts_cached: int = Field(description="embedding lookups answered by the cache")
+
+
+class DriftPoint(_Model):
+    """Mean drift of one dimension at one client turn under one condition."""
+
+    dimension: str
+    condition: str
+    turn: int = Field(description="0-based index over the Client's turns")
+    n: int
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class ConditionSummary(_Model):
+    """Per-dialogue mean drift (client turns >= 1), summarised for one condition."""
+
+    dimension: str
+    condition: str
+    n_dialogues: int
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class PairedComparison(_Model):
+    """ECP vs CONCAT on per-dialogue mean drift, paired by persona, conversation and pairing."""
+
+    dimension: str
+    pairing: str = Field(description="a pairing, or 'all'")
+    n_pairs: int
+    mean_ecp: float | None
+    mean_concat: float | None
+    delta: float | None = Field(description="mean of (ECP − CONCAT) over pairs")
+    delta_ci_low: float | None
+    delta_ci_high: float | None
+    cohen_d: float | None = Field(description="paired: mean difference / sd of differences")
+    p_ttest: float | None
+    p_wilcoxon: float | None
+    note: str | None = None
+
+
+class DriftMetrics(_Model):
+    """Drift curves and the ECP-vs-CONCAT comparison."""
+
+    mode: Literal["cheap", "probe"]
+    dimensions: list[str]
+    references: dict[str, str] = Field(description="how A(0) and A(t) are defined per dimension")
+    curves: list[DriftPoint]
+    by_condition: list[ConditionSummary]
+    comparisons: list[PairedComparison]
+    probe_calls: int = 0
+    probe_fallbacks: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
+class EchoRate(_Model):
+    """Share of conversations flagged as echoing, with a Wilson 95% interval."""
+
+    pairing: str
+    condition: str
+    n: int
+    n_echoing: int
+    rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    by_client: int = 0
+    by_responder: int = 0
+
+
+class EchoExample(_Model):
+    """One flagged conversation with its evidence (shown in the report)."""
+
+    dialogue_id: str
+    pairing: str
+    condition: str
+    who: Literal["client", "responder", "none"]
+    score: float
+    evidence: list[str]
+    method: Literal["rule", "judge"]
+
+
+class EchoingMetrics(_Model):
+    """Echoing rates per pairing × condition and how they were decided."""
+
+    method: Literal["rule", "judge"]
+    threshold: float
+    rates: list[EchoRate]
+    overall: EchoRate
+    examples: list[EchoExample]
+    judge_calls: int = 0
+    judge_fallbacks: int = 0
+    kappa_rule_vs_judge: float | None = None
+    kappa_human: float | None = None
+    human_note: str | None = None
+
+
+class SeparabilityGroup(_Model):
+    """Persona separability of the Client side within one pairing × condition."""
+
+    pairing: str
+    condition: str
+    n_conversations: int
+    n_personas: int
+    silhouette: float | None
+    davies_bouldin: float | None
+    intra_mean: float | None = Field(description="mean cosine distance between conversations of one persona")
+    intra_sd: float | None
+    retrieval: Literal["card", "centroid"]
+    n_queries: int
+    acc_at_k: list[float | None] = Field(description="Acc@K for K = 1..len")
+    random_at_k: list[float | None] = Field(description="random baseline min(1, K/N)")
+    note: str | None = None
+
+
+class Metrics(_Model):
+    """Everything ``spasm eval`` computes for one run directory."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_dir: str
+    created_at: str
+    embedder: str
+    mode: Literal["cheap", "probe"]
+    judge: bool
+    counts: Counts
+    drift: DriftMetrics
+    echoing: EchoingMetrics
+    separability: list[SeparabilityGroup]
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

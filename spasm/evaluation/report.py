@@ -1,0 +1,351 @@
+"""The self-contained HTML report: four figures (base64 PNG) and the summary tables.
+
+Figures follow the SPASM paper: drift by client turn per condition (Fig. 2), a 2-D PCA
+map of conversation embeddings coloured by persona (Fig. 3), persona-retrieval Acc@K per
+pairing against the random baseline (Fig. 4) and echoing rates by pairing × condition
+(Table 4, as a bar chart). Everything is embedded, so the file can be mailed or archived.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never needs a display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from spasm.evaluation.files import atomic_write_text  # noqa: E402
+from spasm.evaluation.metrics import Metrics  # noqa: E402
+
+__all__ = ["render_report", "write_report"]
+
+_CONDITION_COLOURS = {"ecp": "#1f77b4", "concat": "#d62728"}
+_EXTRA_COLOURS = ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
+
+
+def _colour(condition: str, seen: list[str]) -> str:
+    if condition in _CONDITION_COLOURS:
+        return _CONDITION_COLOURS[condition]
+    if condition not in seen:
+        seen.append(condition)
+    return _EXTRA_COLOURS[seen.index(condition) % len(_EXTRA_COLOURS)]
+
+
+def _png(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _empty(message: str) -> Figure:
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True)
+    ax.set_axis_off()
+    return fig
+
+
+def _group_label(pairing: str, condition: str) -> str:
+    return f"{pairing} · {condition.upper()}"
+
+
+def figure_drift(metrics: Metrics) -> Figure:
+    """Mean drift per client turn, one panel per dimension, one line per condition."""
+    dims = metrics.drift.dimensions
+    points = metrics.drift.curves
+    if not dims or not points:
+        return _empty("No drift curve: no dialogue has a Client turn.")
+    cols = 2 if len(dims) > 1 else 1
+    rows = math.ceil(len(dims) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.4 * rows), squeeze=False)
+    extra: list[str] = []
+    for ax, dim in zip(axes.flat, dims, strict=False):
+        conditions = sorted({p.condition for p in points if p.dimension == dim})
+        for cond in conditions:
+            pts = sorted((p for p in points if p.dimension == dim and p.condition == cond),
+                         key=lambda p: p.turn)
+            pts = [p for p in pts if p.mean is not None]
+            if not pts:
+                continue
+            x = [p.turn for p in pts]
+            colour = _colour(cond, extra)
+            ax.plot(x, [p.mean for p in pts], marker="o", ms=3, color=colour,
+                    label=f"{cond.upper()}")
+            ax.fill_between(x, [p.ci_low if p.ci_low is not None else p.mean for p in pts],
+                            [p.ci_high if p.ci_high is not None else p.mean for p in pts],
+                            color=colour, alpha=0.18, linewidth=0)
+        ax.set_title(f"{dim}  ({metrics.drift.mode})")
+        ax.set_xlabel("Client turn t")
+        ax.set_ylabel("Drift = 1 − cos")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(dims):]:
+        ax.set_axis_off()
+    fig.suptitle("Drift by Client turn (mean ± 95% CI)")
+    fig.tight_layout()
+    return fig
+
+
+def figure_map(metrics: Metrics, per_dialogue: pd.DataFrame) -> Figure:
+    """PCA map of conversation embeddings, one panel per pairing × condition."""
+    if per_dialogue.empty or "pca_x" not in per_dialogue.columns:
+        return _empty("No conversation embeddings to map.")
+    df = per_dialogue.dropna(subset=["pca_x", "pca_y"])
+    groups = sorted(df.groupby(["pairing", "condition"]).groups)
+    if not groups:
+        return _empty("No conversation embeddings to map.")
+    cols = min(3, len(groups))
+    rows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.2 * rows), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    personas = sorted(df["persona_id"].unique())
+    colour_of = {p: cmap(i % 20) for i, p in enumerate(personas)}
+    for ax, (pairing, condition) in zip(axes.flat, groups, strict=False):
+        g = df[(df["pairing"] == pairing) & (df["condition"] == condition)]
+        ax.scatter(g["pca_x"], g["pca_y"], c=[colour_of[p] for p in g["persona_id"]],
+                   s=14 if len(g) > 300 else 30, alpha=0.8, linewidths=0)
+        ax.set_title(_group_label(str(pairing), str(condition)), fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_xlabel("PC 1")
+        ax.set_ylabel("PC 2")
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_axis_off()
+    if len(personas) <= 12:
+        handles = [plt.Line2D([], [], marker="o", ls="", color=colour_of[p], label=str(p))
+                   for p in personas]
+        fig.legend(handles=handles, loc="lower center", ncol=min(6, len(personas)),
+                   fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
+    fig.suptitle(f"Client side of each conversation, PCA (colour = persona, {len(personas)} personas)")
+    fig.tight_layout(rect=(0, 0.05 if len(personas) <= 12 else 0, 1, 1))
+    return fig
+
+
+def figure_acc(metrics: Metrics) -> Figure:
+    """Acc@K curves per pairing × condition, each with its random baseline (dashed)."""
+    groups = [g for g in metrics.separability if any(a is not None for a in g.acc_at_k)]
+    if not groups:
+        return _empty("No persona retrieval: see the separability notes.")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    cmap = plt.get_cmap("tab10")
+    for i, g in enumerate(groups):
+        ks = list(range(1, len(g.acc_at_k) + 1))
+        colour = cmap(i % 10)
+        ax.plot(ks, [a if a is not None else math.nan for a in g.acc_at_k], marker="o", ms=4,
+                color=colour, label=_group_label(g.pairing, g.condition))
+        ax.plot(ks, [r if r is not None else math.nan for r in g.random_at_k], ls="--",
+                color=colour, alpha=0.6)
+    ax.plot([], [], ls="--", color="grey", label="random baseline (K/N)")
+    ax.set_xlabel("K")
+    ax.set_ylabel("Acc@K")
+    ax.set_ylim(0, 1.05)
+    ax.set_xticks(range(1, len(groups[0].acc_at_k) + 1))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Persona retrieval from the Client side ({groups[0].retrieval} matching)")
+    fig.tight_layout()
+    return fig
+
+
+def figure_echo(metrics: Metrics) -> Figure:
+    """Echoing rate per pairing (groups) and condition (bars) with Wilson 95% CIs."""
+    rates = [r for r in metrics.echoing.rates if r.rate is not None]
+    if not rates:
+        return _empty("No conversations to judge for echoing.")
+    pairings = sorted({r.pairing for r in rates})
+    conditions = sorted({r.condition for r in rates})
+    width = 0.8 / len(conditions)
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(pairings) + 2), 4))
+    extra: list[str] = []
+    for j, cond in enumerate(conditions):
+        xs, ys, lo, hi = [], [], [], []
+        for i, pairing in enumerate(pairings):
+            r = next((r for r in rates if r.pairing == pairing and r.condition == cond), None)
+            if r is None or r.rate is None:
+                continue
+            xs.append(i + (j - (len(conditions) - 1) / 2) * width)
+            ys.append(r.rate)
+            lo.append(r.rate - (r.ci_low if r.ci_low is not None else r.rate))
+            hi.append((r.ci_high if r.ci_high is not None else r.rate) - r.rate)
+        ax.bar(xs, ys, width=width * 0.95, yerr=[lo, hi], capsize=3,
+               color=_colour(cond, extra), label=cond.upper())
+        for x, y in zip(xs, ys, strict=True):
+            ax.text(x, y + 0.01, f"{y:.0%}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(pairings)))
+    ax.set_xticklabels(pairings, rotation=20 if len(pairings) > 4 else 0)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("Echoing rate")
+    ax.set_title(f"Echoing rate by pairing and condition ({metrics.echoing.method}, Wilson 95% CI)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _fmt(value: object, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "—"
+        if value != 0 and abs(value) < 10 ** -digits:
+            return f"{value:.1e}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _ci(low: float | None, high: float | None) -> str:
+    if low is None or high is None:
+        return "—"
+    return f"[{_fmt(low)}, {_fmt(high)}]"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2rem auto;
+max-width:1100px;color:#222;line-height:1.45;padding:0 1rem}
+h1{margin-bottom:.2rem}h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2.2rem}
+.meta{color:#666;font-size:.9rem}
+table{border-collapse:collapse;margin:.6rem 0 1rem;font-size:.88rem}
+th,td{border:1px solid #ddd;padding:.25rem .55rem;text-align:right}
+th{background:#f4f6f8}td:first-child,th:first-child{text-align:left}
+td.l{text-align:left}
+figure{margin:1rem 0}img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.88rem}
+ul.notes{color:#555;font-size:.88rem}
+blockquote{margin:.2rem 0 .2rem 1rem;color:#333;font-size:.88rem}
+"""
+
+
+def render_report(metrics: Metrics, per_dialogue: pd.DataFrame) -> str:
+    """The report as one HTML string (no external resources)."""
+    m = metrics
+    figs = {
+        "drift": _png(figure_drift(m)),
+        "map": _png(figure_map(m, per_dialogue)),
+        "acc": _png(figure_acc(m)),
+        "echo": _png(figure_echo(m)),
+    }
+
+    def fig(key: str, caption: str) -> str:
+        return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{figs[key]}">'
+                f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+    c = m.counts
+    summary = _table(
+        ["", "value"],
+        [
+            ["personas", c.personas], ["dialogues (all statuses)", c.dialogues_total],
+            ["dialogues evaluated (status ok)", c.dialogues_ok], ["utterances", c.utterances],
+            ["Client turns", c.client_turns], ["texts embedded (new)", c.texts_embedded],
+            ["embedding cache hits", c.texts_cached], ["embedder", m.embedder],
+            ["drift mode", m.drift.mode], ["echoing decided by", m.echoing.method],
+        ],
+    )
+    refs = "".join(
+        f"<li><b>{html.escape(d)}</b>: {html.escape(r)}</li>" for d, r in m.drift.references.items()
+    )
+    comp_rows = [
+        [p.dimension, p.pairing, p.n_pairs, p.mean_ecp, p.mean_concat, p.delta,
+         _ci(p.delta_ci_low, p.delta_ci_high), p.cohen_d, p.p_ttest, p.p_wilcoxon, p.note or ""]
+        for p in m.drift.comparisons
+    ]
+    comparison = (
+        _table(["dimension", "pairing", "pairs", "ECP", "CONCAT", "ΔDrift", "95% CI", "Cohen's d",
+                "p (t)", "p (Wilcoxon)", "note"], comp_rows)
+        if comp_rows else "<p>No ECP/CONCAT pairs in this run.</p>"
+    )
+    by_cond = _table(
+        ["dimension", "condition", "dialogues", "mean drift (t ≥ 1)", "95% CI"],
+        [[s.dimension, s.condition, s.n_dialogues, s.mean, _ci(s.ci_low, s.ci_high)]
+         for s in m.drift.by_condition],
+    )
+    sep = _table(
+        ["pairing", "condition", "conversations", "personas", "silhouette", "DBI",
+         "intra (mean ± sd)", "Acc@1", "Acc@5", "Acc@10", "random@1", "note"],
+        [[g.pairing, g.condition, g.n_conversations, g.n_personas, g.silhouette,
+          g.davies_bouldin,
+          "—" if g.intra_mean is None else f"{g.intra_mean:.3f} ± {g.intra_sd or 0:.3f}",
+          g.acc_at_k[0], g.acc_at_k[4] if len(g.acc_at_k) > 4 else None,
+          g.acc_at_k[-1], g.random_at_k[0], g.note or ""] for g in m.separability],
+    )
+    echo = _table(
+        ["pairing", "condition", "conversations", "echoing", "rate", "Wilson 95% CI",
+         "by Client", "by Responder"],
+        [[r.pairing, r.condition, r.n, r.n_echoing, r.rate, _ci(r.ci_low, r.ci_high),
+          r.by_client, r.by_responder] for r in [*m.echoing.rates, m.echoing.overall]],
+    )
+    examples = "".join(
+        f"<li><b>{html.escape(e.dialogue_id)}</b> ({html.escape(e.pairing)}, "
+        f"{html.escape(e.condition.upper())}) — {html.escape(e.who)} echoes, score "
+        f"{e.score:.2f}" + "".join(f"<blockquote>{html.escape(q)}</blockquote>" for q in e.evidence)
+        + "</li>"
+        for e in m.echoing.examples
+    ) or "<li>No conversation was flagged.</li>"
+    agreement = []
+    if m.echoing.judge_calls:
+        agreement.append(f"Judge calls: {m.echoing.judge_calls}, fallbacks to the rule: "
+                         f"{m.echoing.judge_fallbacks}; Cohen's κ rule vs judge: "
+                         f"{_fmt(m.echoing.kappa_rule_vs_judge)}.")
+    if m.echoing.kappa_human is not None or m.echoing.human_note:
+        agreement.append(f"Agreement with human labels (Cohen's κ): {_fmt(m.echoing.kappa_human)}"
+                         + (f" — {m.echoing.human_note}" if m.echoing.human_note else "") + ".")
+    notes = [*m.drift.notes]
+    if m.drift.mode == "probe":
+        notes.append(f"Probe calls: {m.drift.probe_calls}, fallbacks to the utterance: "
+                     f"{m.drift.probe_fallbacks}.")
+    timings = ", ".join(f"{k} {v:.1f} s" for k, v in m.timings.items())
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>spasm evaluation — {html.escape(Path(m.run_dir).name)}</title>
+<style>{_CSS}</style></head><body>
+<h1>spasm evaluation</h1>
+<p class="meta">{html.escape(m.run_dir)} · {html.escape(m.created_at)} · {html.escape(timings)}</p>
+<h2>Summary</h2>{summary}
+<h2>Persona drift</h2>
+{fig("drift", "Drift by Client turn per condition (cf. SPASM Fig. 2). Shaded: 95% CI.")}
+<ul class="notes">{refs}</ul>
+<h3>ECP vs CONCAT (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{comparison}
+<h3>By condition</h3>{by_cond}
+{"<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""}
+<h2>Persona separability</h2>
+{fig("map", "Conversation embeddings (Client side) in 2-D, coloured by persona (cf. SPASM Fig. 3).")}
+{fig("acc", "Persona retrieval Acc@K per pairing × condition; dashed: random baseline (cf. SPASM Fig. 4).")}
+{sep}
+<h2>Echoing</h2>
+{fig("echo", "Share of conversations in which one side mirrored the other (cf. SPASM Table 4).")}
+{echo}
+{"".join(f"<p class='meta'>{html.escape(a)}</p>" for a in agreement)}
+<h3>Flagged conversations (up to 10)</h3><ul>{examples}</ul>
+</body></html>
+"""
+
+
+def write_report(metrics: Metrics, per_dialogue: pd.DataFrame, path: str | Path) -> Path:
+    """Render the report and write it atomically to ``path``."""
+    path = Path(path)
+    atomic_write_text(path, render_report(metrics, per_dialogue))
+    return path

@@ -1,0 +1,92 @@
+"""Small statistics helpers shared by the metrics: confidence intervals and paired tests."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["mean_ci", "paired_test", "wilson_interval"]
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (good for small n and p near 0 or 1).
+
+    Returns ``(nan, nan)`` when ``n == 0``.
+    """
+    if n <= 0:
+        return (math.nan, math.nan)
+    z = float(stats.norm.ppf(0.5 + confidence / 2))
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, int]:
+    """Mean and Student-t confidence interval of the finite values: ``(mean, low, high, n)``.
+
+    With one value the interval collapses to it; with none everything is NaN.
+    """
+    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    n = int(arr.size)
+    if n == 0:
+        return (math.nan, math.nan, math.nan, 0)
+    mean = float(arr.mean())
+    if n == 1:
+        return (mean, mean, mean, 1)
+    sem = float(arr.std(ddof=1)) / math.sqrt(n)
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sem
+    return (mean, mean - half, mean + half, n)
+
+
+def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float | int | str | None]:
+    """Compare paired samples ``a`` and ``b`` (same length, pair i = a[i], b[i]).
+
+    Returns ``n_pairs``, ``mean_a``, ``mean_b``, ``delta`` (mean of a − b), its 95% CI,
+    the paired Cohen's d (mean difference / sd of differences), the paired t-test and
+    Wilcoxon signed-rank p-values, and a ``note`` when something could not be computed.
+    """
+    x = np.asarray(a, dtype=float)
+    y = np.asarray(b, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    n = int(x.size)
+    out: dict[str, float | int | str | None] = {
+        "n_pairs": n,
+        "mean_a": float(x.mean()) if n else None,
+        "mean_b": float(y.mean()) if n else None,
+        "delta": None,
+        "delta_ci_low": None,
+        "delta_ci_high": None,
+        "cohen_d": None,
+        "p_ttest": None,
+        "p_wilcoxon": None,
+        "note": None,
+    }
+    if n == 0:
+        out["note"] = "no complete pairs"
+        return out
+    diff = x - y
+    mean, low, high, _ = mean_ci(diff.tolist())
+    out["delta"], out["delta_ci_low"], out["delta_ci_high"] = mean, low, high
+    if n < 2:
+        out["note"] = "fewer than 2 pairs: no test"
+        return out
+    sd = float(diff.std(ddof=1))
+    if sd == 0.0:
+        out["note"] = "all paired differences are equal: no test"
+        return out
+    out["cohen_d"] = mean / sd
+    with warnings.catch_warnings():
+        # scipy warns about small samples (exact vs normal approximation); the p-values
+        # are still the right ones to report, with n_pairs next to them.
+        warnings.simplefilter("ignore")
+        out["p_ttest"] = float(stats.ttest_rel(x, y).pvalue)
+        if np.any(diff != 0):
+            out["p_wilcoxon"] = float(stats.wilcoxon(x, y).pvalue)
+    return out

@@ -1,0 +1,139 @@
+"""Persona pipeline: sampler → validator → crafter (SPEC §2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spasm.errors import ConfigError
+from spasm.personas.crafter import render_card, rewrite_messages
+from spasm.personas.sampler import candidates, sample_candidate
+from spasm.personas.schema import PersonaSchema, load_schema
+from spasm.personas.validator import Verdict, llm_validation_messages, rule_violations
+
+if TYPE_CHECKING:
+    from spasm.calls import Caller
+
+__all__ = [
+    "PersonaSchema",
+    "PersonaSet",
+    "build_personas",
+    "load_schema",
+    "render_card",
+    "rule_violations",
+    "sample_candidate",
+]
+
+
+@dataclass
+class PersonaSet:
+    """Accepted personas (table rows) and every rejected candidate with its reasons."""
+
+    accepted: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    llm_fallbacks: int = 0
+
+
+def persona_id(schema: PersonaSchema, seed: int, index: int, fields: dict[str, Any]) -> str:
+    """Stable id: position plus a short hash of the schema, seed and fields."""
+    blob = json.dumps([schema.name, schema.schema_version, seed, fields], sort_keys=True)
+    return f"p{index:04d}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+async def build_personas(
+    schema: PersonaSchema,
+    n: int,
+    seed: int,
+    *,
+    caller: Caller | None = None,
+    backend: str | None = None,
+    llm_validate: bool = False,
+    llm_craft: bool = False,
+    validator_temperature: float = 0.3,
+    crafter_temperature: float = 0.7,
+    max_draws_per_persona: int = 200,
+) -> PersonaSet:
+    """Draw candidates until ``n`` pass the rules (and the LLM check, if on); craft their cards."""
+    from spasm.calls import CallScope
+
+    if (llm_validate or llm_craft) and (caller is None or backend is None):
+        raise ConfigError("LLM validation or crafting needs a backend (personas.backend)")
+    out = PersonaSet()
+    max_draws = n * max_draws_per_persona
+    reasons: Counter[str] = Counter()
+    stream = candidates(schema, seed)
+    draws = 0
+    while len(out.accepted) < n:
+        if draws >= max_draws:
+            top = "; ".join(f"{r} ({c}×)" for r, c in reasons.most_common(3))
+            raise ConfigError(
+                f"The persona schema's rules rejected {draws - len(out.accepted)} of {draws} "
+                f"candidates and only {len(out.accepted)} of {n} personas passed. The rules "
+                f"reject nearly everything; loosen them. Most frequent: {top}"
+            )
+        fields = next(stream)
+        draws += 1
+        verdicts: list[dict[str, Any]] = []
+        violations = rule_violations(schema, fields)
+        if violations:
+            reasons.update(v.split(":", 1)[0] for v in violations)
+            out.rejected.append({"draw": draws - 1, **fields, "stage": "rules",
+                                 "reasons": json.dumps(violations)})
+            continue
+        verdicts.append({"stage": "rules", "valid": True, "reason": "all rules pass"})
+        index = len(out.accepted)
+        pid = persona_id(schema, seed, index, fields)
+        scope = CallScope(persona_id=pid)
+        if llm_validate:
+            assert caller is not None and backend is not None
+            verdict = await caller.structured(
+                "validator", backend, llm_validation_messages(fields),  # type: ignore[arg-type]
+                Verdict, scope, temperature=validator_temperature, max_tokens=120,
+                seed=seed + draws,
+            )
+            if verdict is None:
+                out.llm_fallbacks += 1
+                verdicts.append({"stage": "llm", "valid": True,
+                                 "reason": "no parsable verdict; accepted on the rules alone"})
+            elif not verdict.valid:
+                reasons.update(["llm"])
+                out.rejected.append({"draw": draws - 1, **fields, "stage": "llm",
+                                     "reasons": json.dumps([verdict.reason])})
+                continue
+            else:
+                verdicts.append({"stage": "llm", "valid": True, "reason": verdict.reason})
+        card = render_card(fields)
+        source = "template"
+        if llm_craft:
+            assert caller is not None and backend is not None
+            from spasm.backends.base import ChatRequest
+
+            req = ChatRequest(
+                messages=tuple(rewrite_messages(card)),  # type: ignore[arg-type]
+                temperature=crafter_temperature, max_tokens=300, seed=seed + draws,
+            )
+            try:
+                completion = await caller.complete("crafter", backend, req, scope)
+                card, source = completion.text.strip(), "llm"
+            except Exception as exc:  # noqa: BLE001 - the template card is a safe fallback
+                out.llm_fallbacks += 1
+                verdicts.append({"stage": "crafter", "valid": True,
+                                 "reason": f"rewrite failed ({type(exc).__name__}); template kept"})
+        out.accepted.append(
+            {
+                "persona_id": pid,
+                "persona_index": index,
+                "seed": seed,
+                **fields,
+                "card": card,
+                "card_source": source,
+                "verdicts": json.dumps(verdicts),
+                "schema_name": schema.name,
+                "schema_version": schema.schema_version,
+                "_calls": scope.records,
+            }
+        )
+    return out

@@ -1,0 +1,94 @@
+"""Persona crafter: renders the fields into a natural-language card (SPEC §2).
+
+The template card is deterministic. An optional LLM rewrite (temperature 0.7) turns it into
+richer prose; both the card and the fields are stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_STYLE = {
+    "verbosity": {
+        "terse": "You write short, clipped messages.",
+        "moderate": "Your messages are of ordinary length.",
+        "verbose": "You tend to write long messages with extra detail.",
+    },
+    "directness": {
+        "indirect": "You hint at what you want rather than saying it outright.",
+        "balanced": "You are reasonably clear about what you want.",
+        "direct": "You say exactly what you want.",
+    },
+    "cooperativeness": {
+        "resistant": "You are slow to accept suggestions and often push back.",
+        "neutral": "You weigh suggestions before accepting them.",
+        "cooperative": "You readily go along with reasonable suggestions.",
+    },
+    "formality": {
+        "casual": "Your tone is casual.",
+        "neutral": "Your tone is plain and polite.",
+        "formal": "Your tone is formal.",
+    },
+}
+_VERB = {"wants": "want", "needs": "need", "is": "are", "has": "have"}
+_KNOWN = {
+    "first_name", "age", "occupation", "city", "domain", "concern", "motivation", "emotion",
+    "intensity", *_STYLE,
+}
+
+
+def _second_person(motivation: str) -> str:
+    head, _, rest = motivation.partition(" ")
+    return f"{_VERB.get(head, head)} {rest}".strip()
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def render_card(persona: dict[str, Any]) -> str:
+    """The template card, in the second person, as the Client's system prompt starts."""
+    p = persona
+    parts: list[str] = []
+    who = f"You are {p['first_name']}, " if p.get("first_name") else "You are "
+    if "age" in p and "occupation" in p:
+        occupation = str(p["occupation"]).lower() if p["occupation"][1:].islower() else p["occupation"]
+        who += f"a {p['age']}-year-old {occupation}"
+    if p.get("city"):
+        who += f" living in {p['city']}"
+    parts.append(who + ".")
+    if p.get("domain"):
+        topic = f"You have come to talk about {p['domain']}"
+        if p.get("concern"):
+            topic += f". In your own words, your concern is: \"{p['concern']}\""
+        parts.append(topic + ".")
+    if p.get("emotion"):
+        intensity = p.get("intensity")
+        feeling = f"{intensity} " if intensity and intensity != "moderate" else ""
+        if intensity == "mild":
+            feeling = "slightly "
+        elif intensity == "severe":
+            feeling = "very "
+        parts.append(f"Right now you feel {feeling}{p['emotion']} about it.")
+    if p.get("motivation"):
+        parts.append(f"In this conversation you {_second_person(str(p['motivation']))}.")
+    for dim, phrases in _STYLE.items():
+        if p.get(dim) in phrases:
+            parts.append(phrases[p[dim]])
+    extra = [f"{k.replace('_', ' ')}: {v}" for k, v in p.items() if k not in _KNOWN]
+    if extra:
+        parts.append("Other traits: " + "; ".join(extra) + ".")
+    return " ".join(parts)
+
+
+def rewrite_messages(card: str) -> list[dict[str, str]]:
+    """The prompt of the optional LLM rewrite into richer prose."""
+    return [
+        {
+            "role": "system",
+            "content": "Rewrite persona descriptions into vivid, natural second-person prose "
+            "(\"You are …\"). Keep every fact; add no new facts about age, job, place, topic, "
+            "feelings or goals. Reply with the rewritten description only.",
+        },
+        {"role": "user", "content": card},
+    ]

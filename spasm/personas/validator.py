@@ -1,0 +1,37 @@
+"""Persona validator: declarative rules from the schema, then an optional LLM verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from spasm.personas.schema import PersonaSchema
+
+
+class Verdict(BaseModel):
+    """The structured verdict of the LLM check (SPEC §2)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    valid: bool
+    reason: str
+
+
+def rule_violations(schema: PersonaSchema, persona: dict[str, Any]) -> list[str]:
+    """Reasons the schema's rules reject ``persona`` (empty when it passes)."""
+    return [r for rule in schema.rules if (r := rule.violation(persona)) is not None]
+
+
+def llm_validation_messages(persona: dict[str, Any]) -> list[dict[str, str]]:
+    """The prompt of the optional LLM coherence check."""
+    lines = "\n".join(f"- {k}: {v}" for k, v in persona.items())
+    return [
+        {
+            "role": "system",
+            "content": "You check whether a persona for a simulated conversation is coherent and "
+            "plausible as a real person. Answer with a JSON object {\"valid\": true|false, "
+            "\"reason\": \"one sentence\"}.",
+        },
+        {"role": "user", "content": f"Persona:\n{lines}\n\nIs this persona coherent?"},
+    ]

@@ -1,0 +1,114 @@
+"""The projection operator Ψ (SPEC §3): history + viewer → the chat messages that viewer sees.
+
+Projections are pure functions registered by name; ``ecp`` and ``concat`` ship with spasm and
+others can be added with :func:`register_projection`.
+
+* ``ecp`` (Egocentric Context Projection): the viewer's own turns become ``assistant`` messages
+  and the partner's ``user`` messages, after the viewer's system prompt. The two agents see
+  mirror-image framings of the same history. When the viewer speaks first (the Client opens),
+  the viewer's ``opening`` instruction is sent as the first ``user`` message, since chat models
+  need a user turn to answer.
+* ``concat`` (the SPASM baseline): both viewers get the same neutral transcript with absolute
+  labels ("Client: …", "Responder: …") in one ``user`` message, followed by an instruction to
+  continue as their role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, TypedDict
+
+from spasm.errors import ConfigError
+from spasm.history import History, Speaker
+
+
+class Message(TypedDict):
+    """One chat message as the OpenAI protocol takes it."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+SPEAKER_LABELS: dict[Speaker, str] = {"client": "Client", "responder": "Responder"}
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who looks at the history, and the fixed texts of their frame."""
+
+    speaker: Speaker
+    system_prompt: str
+    #: First user message when the viewer speaks first (ECP) or the history is empty.
+    opening: str = "The conversation starts now. Write your opening message."
+    #: Instruction after the transcript (CONCAT); ``{label}`` is the viewer's label.
+    continue_instruction: str = (
+        "Continue the conversation as the {label}. Write only the {label}'s next message, "
+        "without the '{label}:' prefix."
+    )
+
+
+Projection = Callable[[History, Viewer], list[Message]]
+_REGISTRY: dict[str, Projection] = {}
+
+
+def register_projection(name: str) -> Callable[[Projection], Projection]:
+    """Register a projection under ``name`` (decorator)."""
+
+    def decorator(fn: Projection) -> Projection:
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_projection(name: str) -> Projection:
+    """Look a projection up by name; unknown names are a :class:`ConfigError`."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(
+            f"Unknown condition (projection) {name!r}; known: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def projection_names() -> list[str]:
+    """Names of the registered projections."""
+    return sorted(_REGISTRY)
+
+
+def project(history: History, viewer: Viewer, condition: str) -> list[Message]:
+    """Apply the projection named ``condition``."""
+    return get_projection(condition)(history, viewer)
+
+
+@register_projection("ecp")
+def ecp(history: History, viewer: Viewer) -> list[Message]:
+    """SELF turns → ``assistant``, PARTNER turns → ``user``; content untouched."""
+    messages: list[Message] = [{"role": "system", "content": viewer.system_prompt}]
+    if len(history) == 0 or history[0].speaker == viewer.speaker:
+        messages.append({"role": "user", "content": viewer.opening})
+    for u in history:
+        role: Literal["user", "assistant"] = "assistant" if u.speaker == viewer.speaker else "user"
+        messages.append({"role": role, "content": u.content})
+    return messages
+
+
+def transcript(history: History) -> str:
+    """The history as absolutely labelled lines, the same for every viewer."""
+    return "\n".join(f"{SPEAKER_LABELS[u.speaker]}: {u.content}" for u in history)
+
+
+@register_projection("concat")
+def concat(history: History, viewer: Viewer) -> list[Message]:
+    """The same neutral transcript for both viewers, then 'continue as your role'."""
+    label = SPEAKER_LABELS[viewer.speaker]
+    instruction = viewer.continue_instruction.format(label=label)
+    if len(history) == 0:
+        body = f"{viewer.opening}\n\n{instruction}"
+    else:
+        body = f"Conversation so far:\n{transcript(history)}\n\n{instruction}"
+    return [
+        {"role": "system", "content": viewer.system_prompt},
+        {"role": "user", "content": body},
+    ]

@@ -1,0 +1,158 @@
+"""The termination detector chain (SPEC §3).
+
+After each exchange the chain decides whether the dialogue has reached a natural end. Nothing
+fires before ``min_utterances``. Detectors run in order; the first to fire gives the reason:
+
+* :class:`RuleDetector` (``natural_rule``): closing formulas or the explicit end marker in the
+  last ``m`` utterances, or a repetition loop;
+* :class:`JudgeDetector` (``natural_judge``): an LLM judge (temperature 0.3) with a structured
+  verdict; a judge that never answers in the schema simply does not fire.
+
+The engine adds ``max_turns`` (the cap) and ``error`` (quarantined) itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from spasm.calls import Caller, CallScope
+from spasm.history import History
+from spasm.projection import Message, transcript
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a detector fired."""
+
+    reason: str
+    detail: str
+
+
+class Detector(Protocol):
+    """One link of the chain."""
+
+    name: str
+
+    async def check(self, history: History, scope: CallScope) -> Stop | None:
+        """Return a :class:`Stop` to end the dialogue, else ``None``."""
+        ...
+
+
+_CLOSING = re.compile(
+    r"\b(good ?bye|bye( for now)?|farewell|take care|see you|have a (great|good|nice|lovely) "
+    r"(day|evening|night|weekend)|that'?s all (i needed|for now)|talk (to you )?(later|soon))\b",
+    re.I,
+)
+_MARKERS = ("<END>", "[END]", "<end_of_conversation>")
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+def _shingles(text: str, n: int = 3) -> set[tuple[str, ...]]:
+    words = _norm(text).split()
+    return {tuple(words[i : i + n]) for i in range(max(1, len(words) - n + 1))}
+
+
+def near_duplicate(a: str, b: str, threshold: float = 0.8) -> bool:
+    """Jaccard similarity of word 3-grams at or above ``threshold`` (or equal normalised text)."""
+    na, nb = _norm(a), _norm(b)
+    if not na or not nb:
+        return False
+    if na == nb:
+        return True
+    sa, sb = _shingles(a), _shingles(b)
+    return len(sa & sb) / len(sa | sb) >= threshold
+
+
+class RuleDetector:
+    """Closing formulas, end markers and repetition loops over the last ``m`` utterances."""
+
+    name = "rules"
+
+    def __init__(self, window: int = 4) -> None:
+        self.window = window
+
+    async def check(self, history: History, scope: CallScope) -> Stop | None:
+        recent = history.last(self.window)
+        start = len(history) - len(recent)
+        for offset, u in enumerate(recent):
+            if any(m in u.content for m in _MARKERS):
+                return Stop("natural_rule", f"end marker in {u.speaker} turn {start + offset}")
+        last_two = history.last(2)
+        client_last = [u for u in last_two if u.speaker == "client"]
+        if client_last and (m := _CLOSING.search(client_last[-1].content)):
+            return Stop("natural_rule", f"client closing formula {m.group(0)!r}")
+        if len(last_two) == 2 and all(_CLOSING.search(u.content) for u in last_two):
+            return Stop("natural_rule", "both sides used closing formulas")
+        repeats = 0
+        for i, u in enumerate(recent):
+            earlier = history.utterances[: start + i]
+            if any(e.speaker == u.speaker and near_duplicate(e.content, u.content) for e in earlier):
+                repeats += 1
+        if repeats >= 2:
+            return Stop("natural_rule", f"repetition loop ({repeats} of the last {len(recent)} "
+                        "utterances repeat earlier ones)")
+        return None
+
+
+class JudgeVerdict(BaseModel):
+    """The judge's structured verdict."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    finished: bool
+    reason: str
+
+
+class JudgeDetector:
+    """Asks an LLM whether the conversation has reached a natural end."""
+
+    name = "judge"
+
+    def __init__(self, caller: Caller, backend: str, temperature: float = 0.3, seed: int = 0):
+        self.caller = caller
+        self.backend = backend
+        self.temperature = temperature
+        self.seed = seed
+
+    async def check(self, history: History, scope: CallScope) -> Stop | None:
+        messages: list[Message] = [
+            {
+                "role": "system",
+                "content": "You read a conversation between a Client and a Responder and decide "
+                "whether it has reached a natural end (the Client's need is met or they are "
+                "saying goodbye). Answer with a JSON object "
+                "{\"finished\": true|false, \"reason\": \"one sentence\"}.",
+            },
+            {"role": "user", "content": transcript(history)},
+        ]
+        verdict = await self.caller.structured(
+            "judge", self.backend, messages, JudgeVerdict, scope,
+            temperature=self.temperature, max_tokens=100, seed=self.seed + len(history),
+        )
+        if verdict is not None and verdict.finished:
+            return Stop("natural_judge", verdict.reason)
+        return None
+
+
+class TerminationChain:
+    """Detectors in order, gated by a minimum length."""
+
+    def __init__(self, detectors: list[Detector], min_utterances: int = 4) -> None:
+        self.detectors = detectors
+        self.min_utterances = min_utterances
+
+    async def check(self, history: History, scope: CallScope) -> Stop | None:
+        if len(history) < self.min_utterances:
+            return None
+        for detector in self.detectors:
+            stop = await detector.check(history, scope)
+            if stop is not None:
+                return stop
+        return None

@@ -1,0 +1,837 @@
+"""A small OpenAI-compatible HTTP server for tests and benchmarks.
+
+It speaks just enough of the OpenAI REST API for the ``openai`` SDK to talk to it
+(``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``), answers
+deterministically, and can add latency and inject faults (429, 500, dropped
+connections, hangs, malformed JSON, empty completions) drawn from a seeded RNG::
+
+    with TestServer(FaultPlan(latency_s=0.2, rate_429=0.1, seed=1)) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="test")
+        ...
+        print(server.stats)
+
+Run it by hand with ``python -m spasm.testing.server --port 8765 --latency 0.2``.
+
+Only the standard library and pydantic are used, so it starts fast and needs no extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import hashlib
+import json
+import math
+import random
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, cast
+
+import pydantic
+
+__all__ = ["OUTCOMES", "FaultPlan", "TestServer", "instance_from_schema", "main"]
+
+#: Keys of :attr:`TestServer.stats` besides ``requests``, in the order faults are drawn.
+OUTCOMES: tuple[str, ...] = (
+    "ok",
+    "429",
+    "500",
+    "drop",
+    "hang",
+    "malformed",
+    "empty",
+    "bad_request",
+)
+
+_MAX_RECORDED_REQUESTS = 10_000
+_EMBEDDING_DIM = 64
+_WORD_RE = re.compile(r"\w+", re.UNICODE)
+
+# A 200 with an application/json content type whose body is cut off mid-object.
+_MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{"ind'
+
+
+_Rate = pydantic.Field(default=0.0, ge=0.0, le=1.0)
+
+
+class FaultPlan(pydantic.BaseModel, extra="forbid"):
+    """What the server does to each request: latency, then at most one fault.
+
+    For every ``POST`` to a known endpoint one number is drawn from ``random.Random(seed)``
+    (under a lock) and compared against the cumulative rates in this fixed order: 429, 500,
+    drop, hang, malformed, empty; otherwise the request succeeds. A run whose requests
+    arrive in the same order therefore sees the same faults. Rates must sum to at most 1.
+    """
+
+    latency_s: float = pydantic.Field(default=0.0, ge=0.0)
+    """Seconds to sleep before answering each request (faults included)."""
+    rate_429: float = _Rate
+    """Share of requests answered ``429 Too Many Requests``."""
+    retry_after_s: float | None = pydantic.Field(default=0.05, ge=0.0)
+    """Sent with 429s as ``Retry-After`` (seconds) and ``retry-after-ms``; ``None`` sends neither."""
+    rate_500: float = _Rate
+    """Share of requests answered ``500 Internal Server Error``."""
+    rate_drop: float = _Rate
+    """Share of requests whose connection is closed without any response."""
+    rate_hang: float = _Rate
+    """Share of requests that wait ``hang_s`` seconds, then close without a response."""
+    hang_s: float = pydantic.Field(default=30.0, ge=0.0)
+    """How long a hanging request waits before its connection is closed."""
+    rate_malformed: float = _Rate
+    """Share of requests answered 200 ``application/json`` with a body that is not JSON."""
+    rate_empty: float = _Rate
+    """Share of chat completions answered with content ``""``."""
+    seed: int = 0
+    """Seed of the fault RNG; :meth:`TestServer.set_plan` reseeds it."""
+
+    @pydantic.model_validator(mode="after")
+    def _rates_sum_to_at_most_one(self) -> FaultPlan:
+        total = sum(rate for _, rate in self.fault_rates())
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"fault rates sum to {total:g}; lower them so they sum to at most 1")
+        return self
+
+    def fault_rates(self) -> list[tuple[str, float]]:
+        """The (outcome, rate) pairs in the order they are drawn."""
+        return [
+            ("429", self.rate_429),
+            ("500", self.rate_500),
+            ("drop", self.rate_drop),
+            ("hang", self.rate_hang),
+            ("malformed", self.rate_malformed),
+            ("empty", self.rate_empty),
+        ]
+
+    def pick(self, u: float) -> str:
+        """Map a uniform draw ``u`` in [0, 1) to an outcome name (``"ok"`` when no fault)."""
+        edge = 0.0
+        for outcome, rate in self.fault_rates():
+            edge += rate
+            if u < edge:
+                return outcome
+        return "ok"
+
+
+# ---------------------------------------------------------------------------------------
+# Deterministic content
+# ---------------------------------------------------------------------------------------
+
+_STRING_FORMATS: dict[str, str] = {
+    "date-time": "2024-01-01T00:00:00Z",
+    "date": "2024-01-01",
+    "time": "00:00:00",
+    "email": "user@example.com",
+    "uri": "https://example.com/",
+    "url": "https://example.com/",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+    "ipv4": "127.0.0.1",
+}
+
+
+def _resolve_ref(ref: str, root: dict[str, Any]) -> dict[str, Any]:
+    if not ref.startswith("#"):
+        raise ValueError(f"only local $ref is supported, got {ref!r}")
+    node: Any = root
+    for part in ref[1:].split("/"):
+        if part:
+            node = node[part.replace("~1", "/").replace("~0", "~")]
+    return cast(dict[str, Any], node)
+
+
+def _number(schema: dict[str, Any], integer: bool) -> int | float:
+    lo: float | None = schema.get("minimum")
+    hi: float | None = schema.get("maximum")
+    xlo: float | None = schema.get("exclusiveMinimum")
+    xhi: float | None = schema.get("exclusiveMaximum")
+    if lo is not None:
+        value: float = lo
+    elif xlo is not None:
+        top = hi if hi is not None else xhi
+        value = xlo + 1 if top is None or integer else (xlo + top) / 2
+    else:
+        value = 0
+    if hi is not None and value > hi:
+        value = hi
+    if xhi is not None and value >= xhi:
+        value = xhi - 1 if integer else (xhi - 1 if lo is None and xlo is None else value)
+    return math.ceil(value) if integer else float(value)
+
+
+def instance_from_schema(
+    schema: dict[str, Any], root: dict[str, Any] | None = None, _depth: int = 0
+) -> Any:
+    """Return a small JSON value that validates against ``schema``.
+
+    Objects get every property, strings are ``"ok"`` (or a value fitting their ``format``),
+    numbers their ``minimum`` or 0, booleans ``true``, arrays one item; ``const`` and
+    ``enum`` are honoured, local ``$ref`` (``#/$defs/...`` as pydantic emits them) is
+    resolved, and ``anyOf``/``oneOf`` take their first non-null branch.
+    """
+    root = schema if root is None else root
+    if _depth > 64:  # a recursive schema with no way out: stop rather than loop forever
+        return None
+    deeper = _depth + 1
+    if "$ref" in schema:
+        target = _resolve_ref(schema["$ref"], root)
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return instance_from_schema(merged, root, deeper)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        branches: list[dict[str, Any]] | None = schema.get(key)
+        if branches:
+            for branch in branches:
+                if branch.get("type") != "null":
+                    return instance_from_schema(branch, root, deeper)
+            return None
+    if schema.get("allOf"):
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        properties: dict[str, Any] = dict(merged.get("properties", {}))
+        for part in schema["allOf"]:
+            part = _resolve_ref(part["$ref"], root) if "$ref" in part else part
+            properties.update(part.get("properties", {}))
+            merged = {**part, **merged}
+        if properties:
+            merged["properties"] = properties
+        return instance_from_schema(merged, root, deeper)
+
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        if "properties" in schema:
+            kind = "object"
+        elif "items" in schema or "prefixItems" in schema:
+            kind = "array"
+        else:
+            return "ok"
+    if kind == "object":
+        props: dict[str, Any] = schema.get("properties", {})
+        return {name: instance_from_schema(sub, root, deeper) for name, sub in props.items()}
+    if kind == "array":
+        if "prefixItems" in schema:
+            return [instance_from_schema(sub, root, deeper) for sub in schema["prefixItems"]]
+        count = max(1, int(schema.get("minItems", 1)))
+        if "maxItems" in schema:
+            count = min(count, int(schema["maxItems"]))
+        items: dict[str, Any] = schema.get("items") or {}
+        return [instance_from_schema(items, root, deeper) for _ in range(count)]
+    if kind == "string":
+        text = _STRING_FORMATS.get(schema.get("format", ""), "ok")
+        min_len = int(schema.get("minLength", 0))
+        if len(text) < min_len:
+            text += "k" * (min_len - len(text))
+        if "maxLength" in schema:
+            text = text[: int(schema["maxLength"])]
+        return text
+    if kind == "integer":
+        return _number(schema, integer=True)
+    if kind == "number":
+        return _number(schema, integer=False)
+    if kind == "boolean":
+        return True
+    return None
+
+
+_TEMPLATES: tuple[str, ...] = (
+    "I see. About '{words}' — could you tell me more?",
+    "Interesting point on '{words}'. What makes you say that?",
+    "Thanks for sharing '{words}'. How does that affect you day to day?",
+    "Let me think about '{words}'. Could you give me an example?",
+    "Understood: '{words}'. What would you like to happen next?",
+    "Hmm, '{words}' is worth unpacking. Where would you like to start?",
+)
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's ``content``: a string, or a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+        return " ".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def _digest(*parts: object) -> int:
+    data = "\x1f".join(repr(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def default_reply(body: dict[str, Any]) -> str:
+    """The reply the server gives when no ``reply`` callable is configured.
+
+    A JSON instance for ``response_format`` ``json_schema``, ``{}`` for ``json_object``,
+    otherwise a short sentence chosen and filled from the last message and ``seed``.
+    """
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict):
+        if fmt.get("type") == "json_schema":
+            spec = fmt.get("json_schema") or {}
+            schema = spec.get("schema") or {}
+            return json.dumps(instance_from_schema(schema), ensure_ascii=False)
+        if fmt.get("type") == "json_object":
+            return "{}"
+    messages = body.get("messages") or []
+    last = _text_of(messages[-1].get("content")) if messages else ""
+    words = " ".join(_words(last)[:6])
+    template = _TEMPLATES[_digest(last, body.get("seed")) % len(_TEMPLATES)]
+    return template.format(words=words)
+
+
+def embed(text: str, dimensions: int = _EMBEDDING_DIM) -> list[float]:
+    """A deterministic bag-of-words embedding, L2-normalised (all zeros for no words).
+
+    Each lowercase word token is hashed to a bucket and a sign (the hashing trick), so the
+    same text always gives the same vector and texts sharing no words are near-orthogonal.
+    """
+    vector = [0.0] * dimensions
+    for token in _WORD_RE.findall(text.lower()):
+        h = _digest("tok", token)
+        vector[h % dimensions] += 1.0 if (h >> 32) & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    return [x / norm for x in vector] if norm else vector
+
+
+# ---------------------------------------------------------------------------------------
+# HTTP plumbing
+# ---------------------------------------------------------------------------------------
+
+
+class _HTTPError(Exception):
+    """An OpenAI-style error response the handler should send."""
+
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+
+
+def _error_body(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:
+    error = {"message": message, "type": kind, "param": param, "code": code}
+    return json.dumps({"error": error}).encode()
+
+
+class _State:
+    """Everything the handler threads share, guarded by one lock."""
+
+    def __init__(
+        self, plan: FaultPlan, reply: Callable[[dict[str, Any]], str] | None, models: Sequence[str]
+    ) -> None:
+        self.lock = threading.Lock()
+        self.plan = plan
+        self.rng = random.Random(plan.seed)
+        self.reply = reply
+        self.models = tuple(models)
+        self.stats: dict[str, int] = dict.fromkeys(("requests", *OUTCOMES), 0)
+        self.requests: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=_MAX_RECORDED_REQUESTS
+        )
+        self.counter = 0
+        self.stopping = threading.Event()
+        self.connections: set[socket.socket] = set()
+
+    def count(self, outcome: str) -> None:
+        with self.lock:
+            self.stats[outcome] = self.stats.get(outcome, 0) + 1
+
+    def next_id(self) -> int:
+        with self.lock:
+            self.counter += 1
+            return self.counter
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], state: _State) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.state = state
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients hanging up mid-request (timeouts, dropped pools) are expected; stay quiet.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            return
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # Without TCP_NODELAY, delayed ACKs add ~40 ms to every response.
+    disable_nagle_algorithm = True
+    # HTTP/1.1 + Content-Length lets the SDK's httpx pool keep connections alive.
+    protocol_version = "HTTP/1.1"
+    server_version = "spasm-testserver/1"
+    sys_version = ""
+
+    @property
+    def state(self) -> _State:
+        return cast(_HTTPServer, self.server).state
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()
+        with self.state.lock:
+            self.state.connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.state.lock:
+            self.state.connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        """Stay quiet: tests and benchmarks do not want a line per request."""
+
+    # -- responses --------------------------------------------------------------------
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        """Send status line, headers and body in a single write (one TCP segment if small)."""
+        phrase = HTTPStatus(status).phrase
+        lines = [
+            f"{self.protocol_version} {status} {phrase}",
+            f"Server: {self.version_string()}",
+            f"Date: {self.date_time_string()}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+        ]
+        lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+        if self.close_connection:
+            lines.append("Connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.wfile.write(head + body)
+
+    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(payload, ensure_ascii=False).encode(), headers)
+
+    def _send_error(self, err: _HTTPError) -> None:
+        self._send(err.status, _error_body(err.message, err.kind, err.code))
+
+    # -- request handling --------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            if self.headers.get("Transfer-Encoding"):
+                self.close_connection = True
+                raise _HTTPError(411, "send a Content-Length header", "invalid_request_error")
+            return b""
+        return self.rfile.read(int(length))
+
+    def _pause(self, seconds: float) -> None:
+        if seconds > 0:
+            self.state.stopping.wait(seconds)
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        """Serve ``GET /v1/models``; anything else is a 404."""
+        state = self.state
+        state.count("requests")
+        self._pause(state.plan.latency_s)
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path == "/v1/models":
+            created = 1_700_000_000
+            data = [
+                {"id": m, "object": "model", "created": created, "owned_by": "spasm-testserver"}
+                for m in state.models
+            ]
+            self._send_json(200, {"object": "list", "data": data})
+            state.count("ok")
+        elif path.startswith("/v1/models/"):
+            model = path.removeprefix("/v1/models/")
+            payload = {"id": model, "object": "model", "created": 0, "owned_by": "spasm-testserver"}
+            self._send_json(200, payload)
+            state.count("ok")
+        else:
+            self._not_found()
+
+    def _not_found(self) -> None:
+        self.state.count("bad_request")
+        message = f"unknown endpoint {self.command} {self.path}"
+        self._send(404, _error_body(message, "invalid_request_error", "unknown_url"))
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        """Serve chat completions and embeddings, applying latency and the fault plan."""
+        state = self.state
+        state.count("requests")
+        try:
+            raw = self._read_body()
+        except _HTTPError as err:
+            state.count("bad_request")
+            self._send_error(err)
+            return
+        path = self.path.split("?", 1)[0].rstrip("/")
+        routes = {
+            "/v1/chat/completions": self._chat,
+            "/v1/embeddings": self._embeddings,
+        }
+        route = routes.get(path)
+        with state.lock:
+            plan = state.plan
+            outcome = plan.pick(state.rng.random()) if route is not None else "ok"
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            with state.lock:
+                state.requests.append(body)
+
+        self._pause(plan.latency_s)
+        if route is None:
+            self._not_found()
+            return
+        if outcome == "429":
+            headers: dict[str, str] = {}
+            if plan.retry_after_s is not None:
+                headers["Retry-After"] = f"{plan.retry_after_s:g}"
+                headers["retry-after-ms"] = str(round(plan.retry_after_s * 1000))
+            message = "Rate limit reached (injected by the spasm test server)."
+            self._send(429, _error_body(message, "requests", "rate_limit_exceeded"), headers)
+        elif outcome == "500":
+            message = "The server had an error (injected by the spasm test server)."
+            self._send(500, _error_body(message, "server_error", None))
+        elif outcome in ("drop", "hang"):
+            if outcome == "hang":
+                self._pause(plan.hang_s)
+            self.close_connection = True  # close the socket without writing a byte
+        elif outcome == "malformed":
+            self._send(200, _MALFORMED_BODY)
+        else:
+            try:
+                if not isinstance(body, dict):
+                    raise _HTTPError(400, "the request body must be a JSON object", "invalid_request_error")
+                outcome = route(body, empty=outcome == "empty")
+            except _HTTPError as err:
+                outcome = "bad_request" if err.status < 500 else "500"
+                self._send_error(err)
+        state.count(outcome)
+
+    def _chat(self, body: dict[str, Any], *, empty: bool) -> str:
+        state = self.state
+        model = body.get("model")
+        messages = body.get("messages")
+        if not isinstance(model, str) or not model:
+            raise _HTTPError(400, "you must provide a model parameter", "invalid_request_error")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise _HTTPError(
+                400, "'messages' must be a list of message objects", "invalid_request_error"
+            )
+        if body.get("stream"):
+            raise _HTTPError(
+                400,
+                "stream=true is not supported by the spasm test server; omit it",
+                "invalid_request_error",
+                "unsupported_parameter",
+            )
+        if empty:
+            content = ""
+        elif state.reply is not None:
+            try:
+                content = state.reply(body)
+            except Exception as exc:  # the user's callable failed: report it as a 500
+                raise _HTTPError(500, f"reply callable raised {exc!r}", "server_error") from exc
+        else:
+            content = default_reply(body)
+
+        finish_reason = "stop"
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        words = _words(content)
+        if isinstance(limit, int) and len(words) > limit:
+            words = words[: max(limit, 0)]
+            content = " ".join(words)
+            finish_reason = "length"
+        completion_tokens = len(words)
+        prompt_tokens = sum(len(_words(_text_of(m.get("content")))) + 4 for m in messages)
+
+        n = body.get("n") or 1
+        choice_count = n if isinstance(n, int) and 1 <= n <= 128 else 1
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+            for i in range(choice_count)
+        ]
+        payload = {
+            "id": f"chatcmpl-testserver-{state.next_id():08d}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": f"{model}-testserver",
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens * choice_count,
+                "total_tokens": prompt_tokens + completion_tokens * choice_count,
+            },
+            "system_fingerprint": "fp_spasm_testserver",
+        }
+        self._send_json(200, payload)
+        return "empty" if empty else "ok"
+
+    def _embeddings(self, body: dict[str, Any], *, empty: bool) -> str:
+        del empty  # an "empty" draw has no meaning for embeddings: answer normally
+        model = body.get("model")
+        raw_input = body.get("input")
+        if not isinstance(model, str) or not model:
+            raise _HTTPError(400, "you must provide a model parameter", "invalid_request_error")
+        if isinstance(raw_input, str):
+            texts = [raw_input]
+        elif isinstance(raw_input, list) and all(isinstance(t, str) for t in raw_input):
+            texts = cast(list[str], raw_input)
+        else:
+            raise _HTTPError(
+                400, "'input' must be a string or a list of strings", "invalid_request_error"
+            )
+        dims = body.get("dimensions") or _EMBEDDING_DIM
+        if not isinstance(dims, int) or not 1 <= dims <= 4096:
+            raise _HTTPError(400, "'dimensions' must be an integer in 1..4096", "invalid_request_error")
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for i, text in enumerate(texts):
+            vector = embed(text, dims)
+            encoded: Any = (
+                base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode()
+                if as_base64
+                else vector
+            )
+            data.append({"object": "embedding", "index": i, "embedding": encoded})
+        tokens = sum(len(_words(t)) for t in texts)
+        payload = {
+            "object": "list",
+            "data": data,
+            "model": f"{model}-testserver",
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        self._send_json(200, payload)
+        return "ok"
+
+
+# ---------------------------------------------------------------------------------------
+# Public server
+# ---------------------------------------------------------------------------------------
+
+
+class TestServer:
+    """An OpenAI-compatible server on loopback, run in a background thread.
+
+    Use it as a context manager (or call :meth:`start` and :meth:`close`)::
+
+        with TestServer(FaultPlan(rate_429=0.5)) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+
+    ``reply`` maps a chat request body to the reply text; without it the server answers
+    deterministically (see :func:`default_reply`). ``models`` are listed by
+    ``GET /v1/models``; requests may name any model.
+    """
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(
+        self,
+        plan: FaultPlan | None = None,
+        reply: Callable[[dict[str, Any]], str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        models: Sequence[str] = ("test-model",),
+    ) -> None:
+        self._state = _State(plan or FaultPlan(), reply, models)
+        self._host = host
+        self._requested_port = port
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> TestServer:
+        """Bind the socket and serve in a daemon thread; returns ``self``."""
+        if self._httpd is not None:
+            raise RuntimeError("the test server is already running")
+        self._state.stopping.clear()
+        self._httpd = _HTTPServer((self._host, self._requested_port), self._state)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"spasm-testserver-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving, wake sleeping handlers and close every open connection."""
+        httpd, thread = self._httpd, self._thread
+        if httpd is None:
+            return
+        self._state.stopping.set()
+        httpd.shutdown()
+        with self._state.lock:
+            connections = list(self._state.connections)
+        for conn in connections:  # keep-alive connections would otherwise idle forever
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        httpd.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> TestServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until interrupted (used by the CLI)."""
+        if self._thread is None:
+            self.start()
+        try:
+            while self._thread is not None and self._thread.is_alive():
+                self._thread.join(timeout=0.5)
+        finally:
+            self.close()
+
+    # -- introspection ----------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on (known once started)."""
+        if self._httpd is None:
+            raise RuntimeError("the test server is not running; use it as a context manager")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """The URL to give ``openai.OpenAI(base_url=...)``, e.g. ``http://127.0.0.1:PORT/v1``."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self.port}/v1"
+
+    @property
+    def plan(self) -> FaultPlan:
+        """The fault plan in force."""
+        return self._state.plan
+
+    def set_plan(self, plan: FaultPlan) -> None:
+        """Switch to ``plan`` for the following requests and reseed the fault RNG with its seed."""
+        with self._state.lock:
+            self._state.plan = plan
+            self._state.rng = random.Random(plan.seed)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """A snapshot of outcome counts: ``requests`` plus each name in :data:`OUTCOMES`."""
+        with self._state.lock:
+            return dict(self._state.stats)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """The JSON bodies received (the last 10,000), oldest first; headers are never kept."""
+        with self._state.lock:
+            return list(self._state.requests)
+
+    def reset(self) -> None:
+        """Zero the stats and forget recorded requests (the plan and RNG are kept)."""
+        with self._state.lock:
+            self._state.stats = dict.fromkeys(self._state.stats, 0)
+            self._state.requests.clear()
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m spasm.testing.server",
+        description="Serve an OpenAI-compatible test API with latency and injected faults.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    p.add_argument("--model", action="append", dest="models", help="model to list (repeatable)")
+    p.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
+    p.add_argument("--rate-429", type=float, default=0.0)
+    p.add_argument("--retry-after", type=float, default=0.05, help="Retry-After seconds for 429s")
+    p.add_argument("--no-retry-after", action="store_true", help="send 429s without Retry-After")
+    p.add_argument("--rate-500", type=float, default=0.0)
+    p.add_argument("--rate-drop", type=float, default=0.0)
+    p.add_argument("--rate-hang", type=float, default=0.0)
+    p.add_argument("--hang-s", type=float, default=30.0)
+    p.add_argument("--rate-malformed", type=float, default=0.0)
+    p.add_argument("--rate-empty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the test server until Ctrl-C; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        plan = FaultPlan(
+            latency_s=args.latency,
+            rate_429=args.rate_429,
+            retry_after_s=None if args.no_retry_after else args.retry_after,
+            rate_500=args.rate_500,
+            rate_drop=args.rate_drop,
+            rate_hang=args.rate_hang,
+            hang_s=args.hang_s,
+            rate_malformed=args.rate_malformed,
+            rate_empty=args.rate_empty,
+            seed=args.seed,
+        )
+    except pydantic.ValidationError as exc:
+        print(f"error: invalid fault plan:\n{exc}", file=sys.stderr)
+        return 2
+    server = TestServer(plan, host=args.host, port=args.port, models=args.models or ["test-model"])
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    print(server.base_url, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        print(json.dumps(server.stats), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
