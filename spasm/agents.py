@@ -45,14 +45,22 @@ _LABEL_PREFIX = re.compile(r"^\s*(?:\*\*)?(client|responder|user|assistant)(?:\*
 _OTHER_LINE = re.compile(r"\n\s*(?:\*\*)?(?:client|responder)(?:\*\*)?\s*:", re.I)
 
 
-def clean_reply(text: str) -> str:
+_SENTENCE_END = re.compile(r"[.!?…)\]\"']\s")
+
+
+def clean_reply(text: str, truncated: bool = False) -> str:
     """Tidy a generated utterance: drop a leading role label, anything the model wrote for the
-    other speaker after it, and our end marker."""
+    other speaker after it, and our end marker. A reply cut by ``max_tokens`` loses its
+    unfinished last sentence when it has a finished one."""
     t = _LABEL_PREFIX.sub("", text.strip(), count=1)
     cut = _OTHER_LINE.search(t)
     if cut:
         t = t[: cut.start()]
-    t = t.replace(END_MARKER, "")
+    t = t.replace(END_MARKER, "").strip()
+    if truncated:
+        ends = list(_SENTENCE_END.finditer(t + " "))
+        if ends and ends[-1].end() < len(t) + 1:
+            t = t[: ends[-1].start() + 1]
     return t.strip().strip('"').strip()
 
 
@@ -91,7 +99,7 @@ class Agent:
             max_tokens=self.max_tokens, seed=seed,
         )
         completion = await caller.complete(self.speaker, self.backend, request, scope)
-        text = clean_reply(completion.text)
+        text = clean_reply(completion.text, completion.finish_reason == "length")
         if not text:
             text = completion.text.strip()
         return text, completion, messages

@@ -245,7 +245,10 @@ class Caller:
                 )
                 return hit
         limits = self.limits[backend_name]
-        estimate = count_messages(request.messages) + request.max_tokens
+        # Counting tokens costs CPU; only a TPM bucket needs the estimate.
+        estimate = (
+            count_messages(request.messages) + request.max_tokens if limits.tpm is not None else 0
+        )
         attempt_request = request
         last_exc: BaseException | None = None
         for attempt in range(1, cfg.max_attempts + 1):

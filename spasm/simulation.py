@@ -142,7 +142,7 @@ async def simulate_dialogue(
                 break
     except BudgetExceededError:
         raise
-    except Exception as exc:  # noqa: BLE001 - quarantine: one dialogue never kills the run
+    except Exception as exc:
         result.calls = scope.records
         result.error = {
             "dialogue_id": spec.dialogue_id,

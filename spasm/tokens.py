@@ -24,7 +24,7 @@ def _load() -> tuple[Callable[[str], int], str]:
 
         enc = tiktoken.get_encoding("o200k_base")
         return (lambda text: len(enc.encode(text, disallowed_special=()))), "tiktoken:o200k_base"
-    except Exception as exc:  # noqa: BLE001 - any failure (offline, no cache) means: estimate
+    except Exception as exc:
         log.warning(
             "tiktoken encoding unavailable (%s); token estimates use ~4 characters per token. "
             "Set TIKTOKEN_CACHE_DIR to a folder with the encoding files for exact counts.",

@@ -8,6 +8,7 @@ re-entrant, so calls are serialised and run in a worker thread to keep the event
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import threading
@@ -24,6 +25,15 @@ from spasm.errors import FatalBackendError, UserError
 
 _MODELS: dict[tuple[str, int, int], Any] = {}
 _MODELS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_models() -> None:
+    """Free llama.cpp models before interpreter teardown (their __del__ fails late)."""
+    with _MODELS_LOCK:
+        for llm in _MODELS.values():
+            llm.close()
+        _MODELS.clear()
 
 
 def find_smollm2_gguf() -> Path:

@@ -118,7 +118,7 @@ async def build_personas(
             try:
                 completion = await caller.complete("crafter", backend, req, scope)
                 card, source = completion.text.strip(), "llm"
-            except Exception as exc:  # noqa: BLE001 - the template card is a safe fallback
+            except Exception as exc:
                 out.llm_fallbacks += 1
                 verdicts.append({"stage": "crafter", "valid": True,
                                  "reason": f"rewrite failed ({type(exc).__name__}); template kept"})

@@ -1,0 +1,69 @@
+"""Shared fixtures. The network is blocked: only loopback connections are allowed."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spasm.config import parse_config
+
+_real_connect = socket.socket.connect
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> Any:
+    host = address[0] if isinstance(address, tuple) else address
+    if isinstance(host, str) and not (
+        host.startswith("127.") or host in ("localhost", "::1") or self.family == socket.AF_UNIX
+    ):
+        raise RuntimeError(f"tests may not reach the network (tried {address!r})")
+    return _real_connect(self, address)
+
+
+@pytest.fixture(autouse=True)
+def _block_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get("SPASM_REAL_API") == "1":
+        return
+    monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """The OpenAI-compatible test server on 127.0.0.1."""
+    from spasm.testing import TestServer
+
+    with TestServer() as srv:
+        yield srv
+
+
+def endpoint_config(base_url: str, **overrides: Any) -> dict[str, Any]:
+    """A small run config against one OpenAI-compatible endpoint."""
+    data: dict[str, Any] = {
+        "name": "t",
+        "seed": 7,
+        "personas": {"n": 3},
+        "conditions": ["ecp"],
+        "backends": {"srv": {"kind": "openai", "base_url": base_url, "model": "m"}},
+        "pairings": [{"client": "srv", "responder": "srv"}],
+        "dialogue": {"max_turns_per_agent": 4, "max_tokens": 40},
+        "termination": {"rules": True, "min_utterances": 4},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
+
+
+@pytest.fixture
+def tmp_run(tmp_path: Path) -> Path:
+    return tmp_path / "run"
+
+
+def config_from(data: dict[str, Any]) -> Any:
+    return parse_config(data, "<test>")

@@ -1,0 +1,158 @@
+"""End to end through the real openai SDK against our OpenAI-compatible server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from spasm.agents import messages_digest
+from spasm.cli import main
+from spasm.simulation import reconstruct_messages
+from tests.conftest import endpoint_config
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _tables(run: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    return (
+        pd.read_parquet(run / "personas.parquet"),
+        pd.read_parquet(run / "dialogues.parquet"),
+        pd.read_parquet(run / "turns.parquet"),
+    )
+
+
+def test_generate_both_conditions(server: Any, tmp_path: Path, capsys: Any) -> None:
+    run = tmp_path / "run"
+    cfg = _write(tmp_path, endpoint_config(server.base_url, conversations_per_persona=2))
+    code = main(["generate", "--config", str(cfg), "--out", str(run), "--condition", "both",
+                 "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert f"Dataset: {run}" in out and "12/12 dialogues" in out
+    personas, dialogues, turns = _tables(run)
+    assert len(personas) == 3 and len(dialogues) == 3 * 2 * 2
+    assert set(dialogues.condition) == {"ecp", "concat"}
+    assert set(dialogues.client_model) == {"m"} and set(dialogues.pairing) == {"srv/srv"}
+    assert dialogues.termination_reason.notna().all()
+    # Every persona/conversation index under both conditions, same persona and seed.
+    pairs = dialogues.groupby(["persona_id", "conversation_index"])
+    for _, g in pairs:
+        assert sorted(g.condition) == ["concat", "ecp"]
+        assert g.seed.nunique() == 1
+    # Alternation, starting with the client; non-empty text; utterance counts agree.
+    for did, g in turns.groupby("dialogue_id"):
+        g = g.sort_values("turn_index")
+        assert list(g.turn_index) == list(range(len(g)))
+        assert list(g.speaker) == [("client", "responder")[i % 2] for i in range(len(g))]
+        assert (g.text.str.strip().str.len() > 0).all()
+        assert dialogues.set_index("dialogue_id").loc[did, "n_utterances"] == len(g)
+    # The responder never saw the persona card; the client was never told it is an AI.
+    row = dialogues.iloc[0]
+    card = personas.set_index("persona_id").loc[row.persona_id, "card"]
+    assert card not in row.responder_system_prompt and card in row.client_system_prompt
+    assert " AI" not in row.client_system_prompt
+    for body in server.requests:
+        system = body["messages"][0]["content"]
+        if "You are a customer-service agent" in system:
+            assert card not in json.dumps(body)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["schema_version"] and manifest["status"] == "complete"
+    assert manifest["counts"]["completed"] == 12
+
+
+def test_messages_seen_are_reconstructible(server: Any, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cfg = _write(tmp_path, endpoint_config(server.base_url))
+    assert main(["generate", "--config", str(cfg), "--out", str(run), "--condition", "both",
+                 "--no-progress"]) == 0
+    _, dialogues, turns = _tables(run)
+    sent = {messages_digest(b["messages"]) for b in server.requests if "messages" in b}
+    for d in dialogues.to_dict("records"):
+        ts = turns[turns.dialogue_id == d["dialogue_id"]].sort_values("turn_index")
+        records = ts.to_dict("records")
+        for i, t in enumerate(records):
+            msgs = reconstruct_messages(d, records, i)
+            assert messages_digest(msgs) == t["messages_sha256"]
+            assert t["messages_sha256"] in sent  # exactly what went over the wire
+
+
+def test_rerun_resumes_and_duplicates_nothing(server: Any, tmp_path: Path, capsys: Any) -> None:
+    run = tmp_path / "run"
+    cfg = _write(tmp_path, endpoint_config(server.base_url))
+    args = ["generate", "--config", str(cfg), "--out", str(run), "--no-progress"]
+    assert main(args) == 0
+    first = pd.read_parquet(run / "turns.parquet")
+    n_chats = sum("messages" in b for b in server.requests)
+    assert main(args) == 0
+    assert sum("messages" in b for b in server.requests) == n_chats  # nothing left: no calls
+    pd.testing.assert_frame_equal(first, pd.read_parquet(run / "turns.parquet"))
+
+
+def test_missing_key_env_var(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    monkeypatch.delenv("SPASM_TEST_KEY", raising=False)
+    run = tmp_path / "run"
+    code = main(["generate", "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+                 "--api-key-env", "SPASM_TEST_KEY", "--out", str(run), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "SPASM_TEST_KEY" in err
+    assert not run.exists()
+
+
+def test_refused_connection(tmp_path: Path, capsys: Any) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    code = main(["generate", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", "m",
+                 "--out", str(run), "--no-progress"])
+    assert code == 2
+    assert "cannot connect" in capsys.readouterr().err
+    assert not run.exists()
+
+
+def test_unknown_config_key(tmp_path: Path, capsys: Any) -> None:
+    data = endpoint_config("http://127.0.0.1:9/v1")
+    data["dialogue"]["max_turn_per_agent"] = 3
+    cfg = _write(tmp_path, data)
+    run = tmp_path / "run"
+    assert main(["generate", "--config", str(cfg), "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "dialogue.max_turn_per_agent" in err and "unknown key" in err and str(cfg) in err
+    assert not run.exists()
+
+
+def test_schema_rejecting_everything_is_a_clear_error(
+    server: Any, tmp_path: Path, capsys: Any
+) -> None:
+    schema = yaml.safe_load(Path("schemas/persona.yaml").read_text())
+    schema["rules"].append({"id": "nobody", "description": "Nobody passes.", "when": {},
+                            "require": {"age": {"max": 1}}})
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    data = endpoint_config(server.base_url, personas={"schema_file": str(tmp_path / "schema.yaml")})
+    cfg = _write(tmp_path, data)
+    run = tmp_path / "run"
+    assert main(["generate", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 2
+    assert "reject nearly everything" in capsys.readouterr().err
+    assert not (run / "dialogues.parquet").exists()
+
+
+def test_no_key_value_under_the_run_dir(server: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    secret = "sk-test-DO-NOT-LEAK-0123456789abcdef"
+    monkeypatch.setenv("SPASM_SECRET_KEY", secret)
+    run = tmp_path / "run"
+    assert main(["generate", "--base-url", server.base_url, "--model", "m", "--api-key-env",
+                 "SPASM_SECRET_KEY", "--out", str(run), "--personas", "2", "--no-progress"]) == 0
+    for path in run.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert "SPASM_SECRET_KEY" in (run / "config.json").read_text()
