@@ -45,6 +45,10 @@ def _add_generate(sub: Any) -> None:
     e.add_argument("--max-cost", type=float, help="stop cleanly when the cost reaches this")
     e.add_argument("--max-tokens", type=int, help="stop cleanly when total tokens reach this")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    e.add_argument("--dry-run", action="store_true",
+                   help="estimate calls, tokens and cost per pairing; spend nothing")
+    e.add_argument("--pilot", type=int, default=0, metavar="N",
+                   help="with --dry-run: first run N dialogues for real and calibrate on them")
     p.set_defaults(func=cmd_generate)
 
 
@@ -125,6 +129,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = Engine(
         config, run_dir, overwrite=args.overwrite, progress=False if args.no_progress else None
     )
+    if args.pilot and not args.dry_run:
+        raise UserError("--pilot goes with --dry-run")
+    if args.dry_run:
+        from spasm.estimate import format_estimates
+
+        estimates, calibration = anyio.run(lambda: engine.dry_run(args.pilot))
+        print(format_estimates(estimates, calibration))
+        if calibration is None:
+            print("This is an upper bound. Add --pilot N to calibrate on N real dialogues.")
+        return RUN_EXIT["ok"]
     try:
         summary = anyio.run(engine.run)
     except KeyboardInterrupt:

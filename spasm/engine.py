@@ -29,6 +29,7 @@ from spasm.backends import Backend, make_backend
 from spasm.calls import Cache, Caller
 from spasm.config import RunConfig
 from spasm.errors import BudgetExceededError, UserError
+from spasm.estimate import Calibration, PairingEstimate, calibrate, estimate
 from spasm.personas import build_personas, load_schema
 from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
 from spasm.store import SCHEMA_VERSION, RunStore, persona_schema, rejection_schema, write_json
@@ -215,8 +216,11 @@ class Engine:
         return max(1, sum(backends[b].max_concurrency for b in used))
 
     # -- the run ---------------------------------------------------------------------------
-    async def run(self) -> RunSummary:
-        """Run (or resume) the whole config; returns what happened."""
+    async def run(self, *, only: set[str] | None = None) -> RunSummary:
+        """Run (or resume) the whole config; returns what happened.
+
+        ``only`` restricts this pass to some dialogue ids (a pilot); the rest stay planned.
+        """
         t0 = time.perf_counter()
         backends = self._backends if self._backends is not None else make_backends(self.config)
         try:
@@ -224,12 +228,14 @@ class Engine:
                 await b.preflight()
             # Only now, with every input checked, touch the disk.
             self._check_run_dir()
-            return await self._run(backends, t0)
+            return await self._run(backends, t0, only)
         finally:
             for b in backends.values():
                 await b.aclose()
 
-    async def _run(self, backends: dict[str, Backend], t0: float) -> RunSummary:
+    async def _run(
+        self, backends: dict[str, Backend], t0: float, only: set[str] | None = None
+    ) -> RunSummary:
         store = self.store
         store.create()
         store.recover()
@@ -251,7 +257,9 @@ class Engine:
             personas = await self._personas(caller)
             specs = list(plan(self.config, personas))
             done = store.done_dialogue_ids()
-            todo = [s for s in specs if s.dialogue_id not in done]
+            todo = [
+                s for s in specs if s.dialogue_id not in done and (only is None or s.dialogue_id in only)
+            ]
             summary.planned = len(specs)
             summary.completed = len(specs) - len(todo)
             await self._execute(todo, backends, caller, summary)
@@ -259,7 +267,7 @@ class Engine:
             summary.elapsed_s = time.perf_counter() - t0
             summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
             with anyio.CancelScope(shield=True):
-                if summary.stopped is None and summary.completed == summary.planned:
+                if summary.stopped is None and summary.completed == summary.planned and only is None:
                     await anyio.to_thread.run_sync(store.compact_all)
                     status = "complete"
                 else:
@@ -350,3 +358,34 @@ class Engine:
             with anyio.CancelScope(shield=True):
                 await flush()
             bar.close()
+
+    # -- dry run ---------------------------------------------------------------------------
+    async def dry_run(self, pilot: int = 0) -> tuple[list[PairingEstimate], Calibration | None]:
+        """Estimate calls, tokens and cost per pairing.
+
+        With ``pilot > 0``, first run that many planned dialogues for real (kept in the run, so
+        nothing is wasted) and calibrate on them; finished dialogues of an earlier pass are used
+        too. With neither, the estimate is an upper bound and nothing is written.
+        """
+        if pilot > 0:
+            personas = await self._dry_personas()
+            specs = list(plan(self.config, personas))
+            step = max(1, len(specs) // pilot)
+            chosen = {s.dialogue_id for s in specs[::step][:pilot]}
+            await self.run(only=chosen)
+        personas = await self._dry_personas()
+        specs = list(plan(self.config, personas))
+        calibration = calibrate(self.store, self.config, specs) if self.store.dir.exists() else None
+        return estimate(self.config, specs, calibration), calibration
+
+    async def _dry_personas(self) -> list[dict[str, Any]]:
+        """The run's personas without calling a model (template cards, rules only)."""
+        existing = self.store.read("personas") if self.store.dir.exists() else None
+        if existing is not None:
+            return list(existing.to_pylist())
+        pc = self.config.personas
+        result = await build_personas(
+            load_schema(pc.schema_file), pc.n, self.config.seed,
+            max_draws_per_persona=pc.max_draws_per_persona,
+        )
+        return result.accepted

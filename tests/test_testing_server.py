@@ -12,19 +12,21 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from enum import Enum
+from enum import StrEnum
+from functools import partial
 from typing import Any, Literal
 
 import anyio
 import openai
 import pydantic
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import spasm.testing
 from spasm.testing import FaultPlan, TestServer
 from spasm.testing.server import instance_from_schema, main
 
-USER = [{"role": "user", "content": "Hello there, how are you today?"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello there, how are you today?"}]
 
 
 @pytest.fixture
@@ -33,10 +35,22 @@ def server() -> Iterator[TestServer]:
         yield srv
 
 
-def client_for(server: TestServer, timeout: float = 5.0) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=server.base_url, api_key="sk-secret-test", max_retries=0, timeout=timeout
-    )
+_open_clients: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _open_clients:
+        _open_clients.pop().close()
+
+
+def client_for(server: TestServer | str, timeout: float = 5.0) -> openai.OpenAI:
+    """A real SDK client with retries off, closed when the test ends."""
+    base_url = server if isinstance(server, str) else server.base_url
+    client = openai.OpenAI(base_url=base_url, api_key="sk-secret-test", max_retries=0, timeout=timeout)
+    _open_clients.append(client)
+    return client
 
 
 def chat(client: openai.OpenAI, **kwargs: Any) -> Any:
@@ -133,7 +147,7 @@ def test_reply_callable_and_requests_recorded() -> None:
         assert srv.requests == [] and srv.stats["requests"] == 0
 
 
-class Mood(str, Enum):
+class Mood(StrEnum):
     HAPPY = "happy"
     SAD = "sad"
 
@@ -192,6 +206,13 @@ def test_instance_from_schema_edge_cases() -> None:
     assert instance_from_schema({"type": "array", "items": {"type": "number"}}) == [0.0]
 
 
+def test_unresolvable_schema_is_a_bad_request(server: TestServer) -> None:
+    schema = {"$ref": "#/$defs/Missing"}
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(openai.BadRequestError):
+        chat(client_for(server), response_format=response_format)
+
+
 def test_stream_is_refused(server: TestServer) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         chat(client_for(server), stream=True)
@@ -212,9 +233,9 @@ def test_models_and_unknown_path() -> None:
 
 
 def test_429_is_rate_limit_error_with_retry_after() -> None:
-    with TestServer(FaultPlan(rate_429=1.0, retry_after_s=0.25)) as srv:
-        with pytest.raises(openai.RateLimitError) as info:
-            chat(client_for(srv))
+    plan = FaultPlan(rate_429=1.0, retry_after_s=0.25)
+    with TestServer(plan) as srv, pytest.raises(openai.RateLimitError) as info:
+        chat(client_for(srv))
     headers = info.value.response.headers
     assert headers["retry-after"] == "0.25"
     assert headers["retry-after-ms"] == "250"
@@ -222,15 +243,14 @@ def test_429_is_rate_limit_error_with_retry_after() -> None:
 
 
 def test_500_is_internal_server_error() -> None:
-    with TestServer(FaultPlan(rate_500=1.0)) as srv:
-        with pytest.raises(openai.InternalServerError):
-            chat(client_for(srv))
+    with TestServer(FaultPlan(rate_500=1.0)) as srv, pytest.raises(openai.InternalServerError):
+        chat(client_for(srv))
 
 
 def test_drop_is_connection_error() -> None:
-    with TestServer(FaultPlan(rate_drop=1.0)) as srv:
-        with pytest.raises(openai.APIConnectionError) as info:
-            chat(client_for(srv))
+    plan = FaultPlan(rate_drop=1.0)
+    with TestServer(plan) as srv, pytest.raises(openai.APIConnectionError) as info:
+        chat(client_for(srv))
     assert not isinstance(info.value, openai.APITimeoutError)
 
 
@@ -244,9 +264,9 @@ def test_hang_is_timeout_error() -> None:
 
 
 def test_malformed_is_json_decode_error() -> None:
-    with TestServer(FaultPlan(rate_malformed=1.0)) as srv:
-        with pytest.raises(json.JSONDecodeError):
-            chat(client_for(srv))
+    # The SDK parses the body with response.json() and lets the decode error through.
+    with TestServer(FaultPlan(rate_malformed=1.0)) as srv, pytest.raises(json.JSONDecodeError):
+        chat(client_for(srv))
 
 
 def test_empty_completion() -> None:
@@ -340,7 +360,7 @@ def test_sustains_64_concurrent_requests() -> None:
         async with anyio.create_task_group() as tg:
             for i in range(64):
                 messages = [{"role": "user", "content": f"hello {i}"}]
-                tg.start_soon(lambda m=messages: client.chat.completions.create(model="m", messages=m))
+                tg.start_soon(partial(client.chat.completions.create, model="m", messages=messages))
         elapsed = time.monotonic() - started
         await client.close()
         return elapsed
@@ -377,7 +397,7 @@ def test_cli_serves_until_interrupted() -> None:
         assert proc.stdout is not None
         base_url = proc.stdout.readline().strip()
         assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
-        client = openai.OpenAI(base_url=base_url, api_key="test", max_retries=0, timeout=5)
+        client = client_for(base_url)
         assert [m.id for m in client.models.list()] == ["test-model"]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=5)

@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
+import contextlib
 import hashlib
 import json
 import math
 import random
 import re
+import signal
 import socket
 import struct
 import sys
@@ -33,12 +35,20 @@ import time
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, cast
 
 import pydantic
 
-__all__ = ["OUTCOMES", "FaultPlan", "TestServer", "instance_from_schema", "main"]
+__all__ = [
+    "OUTCOMES",
+    "FaultPlan",
+    "TestServer",
+    "default_reply",
+    "embed",
+    "instance_from_schema",
+    "main",
+]
 
 #: Keys of :attr:`TestServer.stats` besides ``requests``, in the order faults are drawn.
 OUTCOMES: tuple[str, ...] = (
@@ -77,7 +87,7 @@ class FaultPlan(pydantic.BaseModel, extra="forbid"):
     rate_429: float = _Rate
     """Share of requests answered ``429 Too Many Requests``."""
     retry_after_s: float | None = pydantic.Field(default=0.05, ge=0.0)
-    """Sent with 429s as ``Retry-After`` (seconds) and ``retry-after-ms``; ``None`` sends neither."""
+    """Sent with 429s as ``Retry-After`` (seconds) and ``retry-after-ms``; ``None``: neither."""
     rate_500: float = _Rate
     """Share of requests answered ``500 Internal Server Error``."""
     rate_drop: float = _Rate
@@ -148,27 +158,28 @@ def _resolve_ref(ref: str, root: dict[str, Any]) -> dict[str, Any]:
 
 
 def _number(schema: dict[str, Any], integer: bool) -> int | float:
+    """The smallest allowed value (0 when unbounded), inside any exclusive bounds."""
     lo: float | None = schema.get("minimum")
     hi: float | None = schema.get("maximum")
     xlo: float | None = schema.get("exclusiveMinimum")
     xhi: float | None = schema.get("exclusiveMaximum")
+    top = hi if hi is not None else xhi
+    value: float
     if lo is not None:
-        value: float = lo
+        value = lo
     elif xlo is not None:
-        top = hi if hi is not None else xhi
-        value = xlo + 1 if top is None or integer else (xlo + top) / 2
+        # Strictly above the bound: the next integer, or halfway to the upper bound.
+        value = math.floor(xlo) + 1 if integer or top is None else (xlo + top) / 2
     else:
         value = 0
     if hi is not None and value > hi:
         value = hi
     if xhi is not None and value >= xhi:
-        value = xhi - 1 if integer else (xhi - 1 if lo is None and xlo is None else value)
+        value = math.ceil(xhi) - 1 if integer else xhi - 1
     return math.ceil(value) if integer else float(value)
 
 
-def instance_from_schema(
-    schema: dict[str, Any], root: dict[str, Any] | None = None, _depth: int = 0
-) -> Any:
+def instance_from_schema(schema: dict[str, Any], root: dict[str, Any] | None = None, _depth: int = 0) -> Any:
     """Return a small JSON value that validates against ``schema``.
 
     Objects get every property, strings are ``"ok"`` (or a value fitting their ``format``),
@@ -341,9 +352,7 @@ class _State:
         self.reply = reply
         self.models = tuple(models)
         self.stats: dict[str, int] = dict.fromkeys(("requests", *OUTCOMES), 0)
-        self.requests: collections.deque[dict[str, Any]] = collections.deque(
-            maxlen=_MAX_RECORDED_REQUESTS
-        )
+        self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=_MAX_RECORDED_REQUESTS)
         self.counter = 0
         self.stopping = threading.Event()
         self.connections: set[socket.socket] = set()
@@ -399,12 +408,10 @@ class _Handler(BaseHTTPRequestHandler):
     def finish(self) -> None:
         with self.state.lock:
             self.state.connections.discard(self.connection)
-        try:
+        with contextlib.suppress(OSError):  # the client may already have hung up
             super().finish()
-        except OSError:
-            pass
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         """Stay quiet: tests and benchmarks do not want a line per request."""
 
     # -- responses --------------------------------------------------------------------
@@ -425,12 +432,6 @@ class _Handler(BaseHTTPRequestHandler):
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         self.wfile.write(head + body)
 
-    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(payload, ensure_ascii=False).encode(), headers)
-
-    def _send_error(self, err: _HTTPError) -> None:
-        self._send(err.status, _error_body(err.message, err.kind, err.code))
-
     # -- request handling --------------------------------------------------------------
 
     def _read_body(self) -> bytes:
@@ -446,51 +447,52 @@ class _Handler(BaseHTTPRequestHandler):
         if seconds > 0:
             self.state.stopping.wait(seconds)
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def _respond(self, outcome: str, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        # Count before writing, so a client that has its answer also sees it in the stats.
+        self.state.count(outcome)
+        self._send(status, body, headers)
+
+    def do_GET(self) -> None:
         """Serve ``GET /v1/models``; anything else is a 404."""
         state = self.state
         state.count("requests")
         self._pause(state.plan.latency_s)
         path = self.path.split("?", 1)[0].rstrip("/")
+        owner = "spasm-testserver"
+        payload: dict[str, Any]
         if path == "/v1/models":
-            created = 1_700_000_000
             data = [
-                {"id": m, "object": "model", "created": created, "owned_by": "spasm-testserver"}
+                {"id": m, "object": "model", "created": 1_700_000_000, "owned_by": owner}
                 for m in state.models
             ]
-            self._send_json(200, {"object": "list", "data": data})
-            state.count("ok")
+            payload = {"object": "list", "data": data}
         elif path.startswith("/v1/models/"):
             model = path.removeprefix("/v1/models/")
-            payload = {"id": model, "object": "model", "created": 0, "owned_by": "spasm-testserver"}
-            self._send_json(200, payload)
-            state.count("ok")
+            payload = {"id": model, "object": "model", "created": 1_700_000_000, "owned_by": owner}
         else:
             self._not_found()
+            return
+        self._respond("ok", 200, json.dumps(payload).encode())
 
     def _not_found(self) -> None:
-        self.state.count("bad_request")
         message = f"unknown endpoint {self.command} {self.path}"
-        self._send(404, _error_body(message, "invalid_request_error", "unknown_url"))
+        self._respond("bad_request", 404, _error_body(message, "invalid_request_error", "unknown_url"))
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+    def do_POST(self) -> None:
         """Serve chat completions and embeddings, applying latency and the fault plan."""
         state = self.state
         state.count("requests")
         try:
             raw = self._read_body()
         except _HTTPError as err:
-            state.count("bad_request")
-            self._send_error(err)
+            self._respond("bad_request", err.status, _error_body(err.message, err.kind, err.code))
             return
         path = self.path.split("?", 1)[0].rstrip("/")
-        routes = {
-            "/v1/chat/completions": self._chat,
-            "/v1/embeddings": self._embeddings,
-        }
+        routes = {"/v1/chat/completions": self._chat, "/v1/embeddings": self._embeddings}
         route = routes.get(path)
         with state.lock:
             plan = state.plan
+            # One draw per request to a real endpoint, so 404s do not shift the sequence.
             outcome = plan.pick(state.rng.random()) if route is not None else "ok"
         try:
             body: Any = json.loads(raw) if raw else None
@@ -503,43 +505,44 @@ class _Handler(BaseHTTPRequestHandler):
         self._pause(plan.latency_s)
         if route is None:
             self._not_found()
-            return
-        if outcome == "429":
+        elif outcome == "429":
             headers: dict[str, str] = {}
             if plan.retry_after_s is not None:
                 headers["Retry-After"] = f"{plan.retry_after_s:g}"
                 headers["retry-after-ms"] = str(round(plan.retry_after_s * 1000))
             message = "Rate limit reached (injected by the spasm test server)."
-            self._send(429, _error_body(message, "requests", "rate_limit_exceeded"), headers)
+            error = _error_body(message, "requests", "rate_limit_exceeded")
+            self._respond("429", 429, error, headers)
         elif outcome == "500":
             message = "The server had an error (injected by the spasm test server)."
-            self._send(500, _error_body(message, "server_error", None))
+            self._respond("500", 500, _error_body(message, "server_error", None))
         elif outcome in ("drop", "hang"):
+            state.count(outcome)
             if outcome == "hang":
                 self._pause(plan.hang_s)
-            self.close_connection = True  # close the socket without writing a byte
+            self.close_connection = True  # the socket is closed without a byte written
         elif outcome == "malformed":
-            self._send(200, _MALFORMED_BODY)
+            self._respond("malformed", 200, _MALFORMED_BODY)
         else:
             try:
                 if not isinstance(body, dict):
-                    raise _HTTPError(400, "the request body must be a JSON object", "invalid_request_error")
-                outcome = route(body, empty=outcome == "empty")
+                    message = "the request body must be a JSON object"
+                    raise _HTTPError(400, message, "invalid_request_error")
+                outcome, payload = route(body, empty=outcome == "empty")
             except _HTTPError as err:
                 outcome = "bad_request" if err.status < 500 else "500"
-                self._send_error(err)
-        state.count(outcome)
+                self._respond(outcome, err.status, _error_body(err.message, err.kind, err.code))
+                return
+            self._respond(outcome, 200, json.dumps(payload, ensure_ascii=False).encode())
 
-    def _chat(self, body: dict[str, Any], *, empty: bool) -> str:
+    def _chat(self, body: dict[str, Any], *, empty: bool) -> tuple[str, dict[str, Any]]:
         state = self.state
         model = body.get("model")
         messages = body.get("messages")
         if not isinstance(model, str) or not model:
             raise _HTTPError(400, "you must provide a model parameter", "invalid_request_error")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise _HTTPError(
-                400, "'messages' must be a list of message objects", "invalid_request_error"
-            )
+            raise _HTTPError(400, "'messages' must be a list of message objects", "invalid_request_error")
         if body.get("stream"):
             raise _HTTPError(
                 400,
@@ -555,7 +558,11 @@ class _Handler(BaseHTTPRequestHandler):
             except Exception as exc:  # the user's callable failed: report it as a 500
                 raise _HTTPError(500, f"reply callable raised {exc!r}", "server_error") from exc
         else:
-            content = default_reply(body)
+            try:
+                content = default_reply(body)
+            except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+                message = f"cannot build a reply for this request's response_format: {exc!r}"
+                raise _HTTPError(400, message, "invalid_request_error") from exc
 
         finish_reason = "stop"
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -591,10 +598,9 @@ class _Handler(BaseHTTPRequestHandler):
             },
             "system_fingerprint": "fp_spasm_testserver",
         }
-        self._send_json(200, payload)
-        return "empty" if empty else "ok"
+        return ("empty" if empty else "ok"), payload
 
-    def _embeddings(self, body: dict[str, Any], *, empty: bool) -> str:
+    def _embeddings(self, body: dict[str, Any], *, empty: bool) -> tuple[str, dict[str, Any]]:
         del empty  # an "empty" draw has no meaning for embeddings: answer normally
         model = body.get("model")
         raw_input = body.get("input")
@@ -605,9 +611,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif isinstance(raw_input, list) and all(isinstance(t, str) for t in raw_input):
             texts = cast(list[str], raw_input)
         else:
-            raise _HTTPError(
-                400, "'input' must be a string or a list of strings", "invalid_request_error"
-            )
+            raise _HTTPError(400, "'input' must be a string or a list of strings", "invalid_request_error")
         dims = body.get("dimensions") or _EMBEDDING_DIM
         if not isinstance(dims, int) or not 1 <= dims <= 4096:
             raise _HTTPError(400, "'dimensions' must be an integer in 1..4096", "invalid_request_error")
@@ -616,9 +620,7 @@ class _Handler(BaseHTTPRequestHandler):
         for i, text in enumerate(texts):
             vector = embed(text, dims)
             encoded: Any = (
-                base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode()
-                if as_base64
-                else vector
+                base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode() if as_base64 else vector
             )
             data.append({"object": "embedding", "index": i, "embedding": encoded})
         tokens = sum(len(_words(t)) for t in texts)
@@ -628,8 +630,7 @@ class _Handler(BaseHTTPRequestHandler):
             "model": f"{model}-testserver",
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        self._send_json(200, payload)
-        return "ok"
+        return "ok", payload
 
 
 # ---------------------------------------------------------------------------------------
@@ -694,10 +695,8 @@ class TestServer:
         with self._state.lock:
             connections = list(self._state.connections)
         for conn in connections:  # keep-alive connections would otherwise idle forever
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         httpd.server_close()
         if thread is not None:
             thread.join(timeout=5)
@@ -797,6 +796,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the test server until Ctrl-C; returns the process exit code."""
     args = _parser().parse_args(argv)
@@ -823,6 +826,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     print(server.base_url, flush=True)
+    # Stop cleanly (and print the stats) on SIGTERM as well as on Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

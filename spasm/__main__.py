@@ -1,0 +1,5 @@
+"""``python -m spasm`` is the ``spasm`` command."""
+
+from spasm.cli import entrypoint
+
+entrypoint()
