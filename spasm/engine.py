@@ -35,6 +35,9 @@ from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
 from spasm.store import SCHEMA_VERSION, RunStore, persona_schema, rejection_schema, write_json
 from spasm.tokens import counter_source
 
+#: The tables every finished run has (possibly empty).
+TABLES = ("personas", "persona_rejections", "dialogues", "turns", "calls", "errors")
+
 
 @dataclass
 class RunSummary:
@@ -179,16 +182,19 @@ class Engine:
                     **{p: _version(p) for p in ("openai", "pyarrow", "pydantic", "llama-cpp-python")},
                 },
                 "token_counter": counter_source(),
-                "tables": ["personas", "persona_rejections", "dialogues", "turns", "calls", "errors"],
+                "tables": list(TABLES),
             },
         )
 
     async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
+        pc = self.config.personas
+        schema = load_schema(pc.schema_file)
+        ints = schema.integer_fields()
+        self.store.schemas["persona_rejections"] = rejection_schema(schema.field_names, ints)
+        self.store.schemas["personas"] = persona_schema(schema.field_names, ints)
         existing = self.store.read("personas")
         if existing is not None:
             return list(existing.to_pylist())
-        pc = self.config.personas
-        schema = load_schema(pc.schema_file)
         backend = pc.backend or self.config.pairing_list[0].client
         temps = self.config.backends[backend].temperatures
         result = await build_personas(
@@ -198,9 +204,6 @@ class Engine:
             max_draws_per_persona=pc.max_draws_per_persona,
         )
         calls = [c for p in result.accepted for c in p.pop("_calls")]
-        ints = schema.integer_fields()
-        self.store.schemas["persona_rejections"] = rejection_schema(schema.field_names, ints)
-        self.store.schemas["personas"] = persona_schema(schema.field_names, ints)
         self.store.write_batch(
             "personas",
             {"persona_rejections": result.rejected, "calls": calls, "personas": result.accepted},
@@ -226,6 +229,8 @@ class Engine:
         try:
             for b in backends.values():
                 await b.preflight()
+            if not (self.store.dir / "personas.parquet").exists():
+                await self._dry_personas()  # rules that reject everything fail here, not later
             # Only now, with every input checked, touch the disk.
             self._check_run_dir()
             return await self._run(backends, t0, only)
@@ -253,6 +258,7 @@ class Engine:
         )
         summary = RunSummary(self.run_dir)
         self._manifest(summary, caller, "running", started)
+        finished = False
         try:
             personas = await self._personas(caller)
             specs = list(plan(self.config, personas))
@@ -263,11 +269,13 @@ class Engine:
             summary.planned = len(specs)
             summary.completed = len(specs) - len(todo)
             await self._execute(todo, backends, caller, summary)
+            finished = summary.stopped is None and only is None
         finally:
             summary.elapsed_s = time.perf_counter() - t0
             summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
             with anyio.CancelScope(shield=True):
-                if summary.stopped is None and summary.completed == summary.planned and only is None:
+                if finished and summary.completed == summary.planned:
+                    await anyio.to_thread.run_sync(store.ensure_tables, TABLES)
                     await anyio.to_thread.run_sync(store.compact_all)
                     status = "complete"
                 else:

@@ -178,8 +178,10 @@ class RunStore:
         return self.dir / f"{table}.parquet"
 
     # -- writing --------------------------------------------------------------------------
-    def _write_part(self, table: str, rows: list[dict[str, Any]], name: str) -> Path | None:
-        if not rows:
+    def _write_part(
+        self, table: str, rows: list[dict[str, Any]], name: str, allow_empty: bool = False
+    ) -> Path | None:
+        if not rows and not allow_empty:
             return None
         schema = self.schemas[table]
         data = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema)
@@ -193,11 +195,13 @@ class RunStore:
         os.replace(tmp, target)
         return target
 
-    def write_batch(self, batch_id: str, tables: dict[str, list[dict[str, Any]]]) -> None:
+    def write_batch(
+        self, batch_id: str, tables: dict[str, list[dict[str, Any]]], allow_empty: bool = False
+    ) -> None:
         """Write one batch to every table it has rows for, then commit it with a marker."""
         name = f"part-{batch_id}.parquet"
         for table, rows in tables.items():
-            self._write_part(table, rows, name)
+            self._write_part(table, rows, name, allow_empty)
         marker = self.commits / batch_id
         marker.touch()
 
@@ -276,6 +280,12 @@ class RunStore:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)
         (self.dir / ".compaction.json").unlink()
+
+    def ensure_tables(self, tables: Iterable[str]) -> None:
+        """Give every named table at least an empty, typed part, so readers always find it."""
+        missing = [t for t in tables if not self.parts(t) and t in self.schemas]
+        if missing:
+            self.write_batch("empty", {t: [] for t in missing}, allow_empty=True)
 
     def compact_all(self) -> None:
         for d in sorted(self.dir.glob("*.parquet")):

@@ -53,6 +53,5 @@ def count_messages(messages: Iterable[dict[str, str]] | Iterable[object]) -> int
 
 
 def counter_source() -> str:
-    """Which counter is in use (for the manifest)."""
-    count_tokens("")
+    """Which counter was used (for the manifest); ``unset`` if nothing needed one."""
     return _source

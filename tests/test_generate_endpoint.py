@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 from pathlib import Path
@@ -156,3 +157,70 @@ def test_no_key_value_under_the_run_dir(server: Any, tmp_path: Path, monkeypatch
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
     assert "SPASM_SECRET_KEY" in (run / "config.json").read_text()
+
+
+def test_pairings_record_their_models(server: Any, tmp_path: Path) -> None:
+    data = endpoint_config(server.base_url, personas={"n": 2}, pairings="grid")
+    data["backends"] = {
+        "a": {"kind": "openai", "base_url": server.base_url, "model": "model-a"},
+        "b": {"kind": "openai", "base_url": server.base_url, "model": "model-b"},
+    }
+    cfg = _write(tmp_path, data)
+    run = tmp_path / "run"
+    assert main(["generate", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
+    dialogues = pd.read_parquet(run / "dialogues.parquet")
+    assert sorted(set(dialogues.pairing)) == ["a/a", "a/b", "b/a", "b/b"]
+    for row in dialogues.itertuples():
+        assert row.client_model == f"model-{row.client_backend}"
+        assert row.responder_model == f"model-{row.responder_backend}"
+    calls = pd.read_parquet(run / "calls.parquet").merge(
+        dialogues[["dialogue_id", "client_model", "responder_model"]], on="dialogue_id"
+    )
+    client = calls[calls.role == "client"]
+    responder = calls[calls.role == "responder"]
+    assert (client.model == client.client_model).all()
+    assert (responder.model == responder.responder_model).all()
+    assert set(calls.resolved_model) <= {"model-a-testserver", "model-b-testserver"}
+
+
+def _scripted(body: dict[str, Any]) -> str:
+    """Replies for the LLM validator, crafter and judge; plain chat otherwise."""
+    system = body["messages"][0]["content"]
+    if "persona for a simulated conversation is coherent" in system:
+        persona = body["messages"][-1]["content"]
+        ok = hashlib.md5(persona.encode()).digest()[0] % 3 != 0
+        return json.dumps({"valid": ok, "reason": "fine" if ok else "I doubt this job here"})
+    if "Rewrite persona descriptions" in system:
+        return "You are someone with a rich inner life. " + body["messages"][-1]["content"]
+    if "reached a natural end" in system:
+        finished = body["messages"][-1]["content"].count("Client:") >= 3
+        return json.dumps({"finished": finished, "reason": "they are done"})
+    return "Could you tell me a bit more?"
+
+
+def test_llm_validator_crafter_and_judge(tmp_path: Path) -> None:
+    from spasm.testing import TestServer
+
+    with TestServer(reply=_scripted) as srv:
+        data = endpoint_config(
+            srv.base_url, personas={"n": 6, "llm_validate": True, "llm_craft": True},
+            termination={"judge": True, "rules": False, "min_utterances": 4},
+            dialogue={"max_turns_per_agent": 8},
+        )
+        cfg = _write(tmp_path, data)
+        run = tmp_path / "run"
+        assert main(["generate", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
+    personas = pd.read_parquet(run / "personas.parquet")
+    rejected = pd.read_parquet(run / "persona_rejections.parquet")
+    assert (personas.card_source == "llm").all()
+    assert personas.card.str.startswith("You are someone with a rich inner life.").all()
+    assert all(json.loads(v)[-1]["stage"] == "llm" for v in personas.verdicts)
+    llm_rejects = rejected[rejected.stage == "llm"]
+    assert len(llm_rejects) > 0
+    for reasons in llm_rejects.reasons:
+        assert json.loads(reasons) == ["I doubt this job here"]
+    dialogues = pd.read_parquet(run / "dialogues.parquet")
+    assert set(dialogues.termination_reason) == {"natural_judge"}
+    assert (dialogues.n_utterances == 6).all()
+    calls = pd.read_parquet(run / "calls.parquet")
+    assert {"validator", "crafter", "judge", "client", "responder"} <= set(calls.role)
