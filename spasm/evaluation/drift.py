@@ -62,7 +62,7 @@ Embed = Callable[[list[str]], FloatArray]
 def references(mode: Literal["cheap", "probe"]) -> dict[str, str]:
     """Human-readable definitions of A0 and At per dimension, stored in metrics.json."""
     refs = {
-        UTTERANCE_DIMENSION: "A0 = the Client's opening utterance; At = its utterance at client turn t",
+        UTTERANCE_DIMENSION: ("A0 = the Client's opening utterance; At = its utterance at client turn t"),
     }
     if mode == "cheap":
         refs["concerns"] = "A0 = the persona's stated concern; At = the Client's utterance at t"
@@ -72,6 +72,17 @@ def references(mode: Literal["cheap", "probe"]) -> dict[str, str]:
         for dim in PERSONA_DIMENSIONS:
             refs[dim] = f"A0/At = the Client's {dim} at client turns 0/t, stated by an LLM probe"
     return refs
+
+
+_DIM_RANK = {UTTERANCE_DIMENSION: 0, **{d: i + 1 for i, d in enumerate(PERSONA_DIMENSIONS)}}
+_CONDITION_RANK = {"ecp": 0, "concat": 1}
+
+
+def _order(key: tuple[object, ...]) -> tuple[object, ...]:
+    """Sort key: dimensions in reporting order, then ECP before CONCAT, then the rest."""
+    dim = str(key[0])
+    rest = tuple((_CONDITION_RANK.get(str(k), 2), k) if isinstance(k, str) else (0, k) for k in key[1:])
+    return (_DIM_RANK.get(dim, 9), dim, *rest)
 
 
 def drift_from_anchor(anchor: npt.ArrayLike, vectors: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -128,9 +139,7 @@ def cheap_drift(
         personas: persona_id -> persona fields.
         embed: embeds the persona anchor texts (a few per persona).
     """
-    anchors: dict[str, dict[str, str | None]] = {
-        pid: persona_anchor_texts(p) for pid, p in personas.items()
-    }
+    anchors: dict[str, dict[str, str | None]] = {pid: persona_anchor_texts(p) for pid, p in personas.items()}
     texts = sorted({t for a in anchors.values() for t in a.values() if t is not None})
     vecs = embed(texts) if texts else np.zeros((0, 0), dtype=np.float32)
     anchor_vec = {t: vecs[i] for i, t in enumerate(texts)}
@@ -217,7 +226,8 @@ async def probe_drift(
             stances[(conv.dialogue_id, k)] = {d: utterance for d in PERSONA_DIMENSIONS}
         else:
             stances[(conv.dialogue_id, k)] = {
-                "concerns": parsed.concerns, "emotion": parsed.emotion,
+                "concerns": parsed.concerns,
+                "emotion": parsed.emotion,
                 "motivation": parsed.motivation,
             }
         if on_done is not None:
@@ -272,15 +282,16 @@ def drift_curves(
         dims = series.get(conv.dialogue_id)
         if dims is None:
             continue
-        for dim, values in dims.items():
-            for t, v in enumerate(values[:max_turns]):
+        for dim, curve in dims.items():
+            for t, v in enumerate(curve[:max_turns]):
                 if math.isfinite(float(v)):
                     buckets[(dim, conv.condition, t)].append(float(v))
     points = []
-    for (dim, cond, t), values in sorted(buckets.items()):
+    for (dim, cond, t), values in sorted(buckets.items(), key=lambda kv: _order(kv[0])):
         mean, low, high, n = mean_ci(values)
-        points.append(DriftPoint(dimension=dim, condition=cond, turn=t, n=n,
-                                 mean=mean, ci_low=low, ci_high=high))
+        points.append(
+            DriftPoint(dimension=dim, condition=cond, turn=t, n=n, mean=mean, ci_low=low, ci_high=high)
+        )
     return points
 
 
@@ -293,10 +304,18 @@ def condition_summaries(
         for dim, value in means.get(conv.dialogue_id, {}).items():
             buckets[(dim, conv.condition)].append(value)
     out = []
-    for (dim, cond), values in sorted(buckets.items()):
+    for (dim, cond), values in sorted(buckets.items(), key=lambda kv: _order(kv[0])):
         mean, low, high, n = mean_ci(values)
-        out.append(ConditionSummary(dimension=dim, condition=cond, n_dialogues=n,
-                                    mean=_finite(mean), ci_low=_finite(low), ci_high=_finite(high)))
+        out.append(
+            ConditionSummary(
+                dimension=dim,
+                condition=cond,
+                n_dialogues=n,
+                mean=_finite(mean),
+                ci_low=_finite(low),
+                ci_high=_finite(high),
+            )
+        )
     return out
 
 
@@ -314,15 +333,20 @@ def paired_comparisons(
     Dialogues are paired on (persona_id, conversation_index, pairing, harness_level); when
     a key has several dialogues of one condition, their means are averaged first.
     """
-    dims = sorted({d for m in means.values() for d in m})
+    dims = sorted({d for m in means.values() for d in m}, key=lambda d: _order((d,)))
     cells: dict[tuple[str, str, int, str, str], dict[str, list[float]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for conv in conversations:
         if conv.condition not in ("ecp", "concat") or conv.dialogue_id not in means:
             continue
-        key = (conv.pairing, conv.persona_id, conv.conversation_index, conv.harness_level,
-               conv.condition)
+        key = (
+            conv.pairing,
+            conv.persona_id,
+            conv.conversation_index,
+            conv.harness_level,
+            conv.condition,
+        )
         for dim in dims:
             cells[key][dim].append(means[conv.dialogue_id].get(dim, math.nan))
 
@@ -347,12 +371,20 @@ def paired_comparisons(
             res = paired_test(ecp, concat)
             if scope != "all" and len(pairings) == 1:
                 continue  # identical to "all"
-            out.append(PairedComparison(
-                dimension=dim, pairing=scope, n_pairs=int(res["n_pairs"] or 0),
-                mean_ecp=_finite(res["mean_a"]), mean_concat=_finite(res["mean_b"]),
-                delta=_finite(res["delta"]), delta_ci_low=_finite(res["delta_ci_low"]),
-                delta_ci_high=_finite(res["delta_ci_high"]), cohen_d=_finite(res["cohen_d"]),
-                p_ttest=_finite(res["p_ttest"]), p_wilcoxon=_finite(res["p_wilcoxon"]),
-                note=None if res["note"] is None else str(res["note"]),
-            ))
+            out.append(
+                PairedComparison(
+                    dimension=dim,
+                    pairing=scope,
+                    n_pairs=int(res["n_pairs"] or 0),
+                    mean_ecp=_finite(res["mean_a"]),
+                    mean_concat=_finite(res["mean_b"]),
+                    delta=_finite(res["delta"]),
+                    delta_ci_low=_finite(res["delta_ci_low"]),
+                    delta_ci_high=_finite(res["delta_ci_high"]),
+                    cohen_d=_finite(res["cohen_d"]),
+                    p_ttest=_finite(res["p_ttest"]),
+                    p_wilcoxon=_finite(res["p_wilcoxon"]),
+                    note=None if res["note"] is None else str(res["note"]),
+                )
+            )
     return out

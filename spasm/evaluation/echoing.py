@@ -3,11 +3,12 @@
 Two ways to decide, per conversation:
 
 rule (default, no LLM)
-    Three cheap signals per utterance (from each speaker's second turn on):
+    Three cheap signals per utterance:
 
-    * ``copy`` — the share of the utterance's content word 3-grams that appeared earlier
-      in the *partner's* turns but never in the speaker's own (3-grams made only of
-      stopwords do not count);
+    * ``copy`` — the share of the utterance's content word 3-grams that the *partner*
+      introduced earlier in the conversation or used in its previous turn (3-grams made
+      only of stopwords do not count; a phrase the speaker introduced counts only when
+      the partner has just said it again — a mutual repetition loop);
     * ``mirror`` — cos(utterance, partner's previous turn) − max cos(utterance, the
       speaker's own earlier turns): positive when the utterance sounds more like the
       partner than like the speaker so far;
@@ -16,11 +17,13 @@ rule (default, no LLM)
       you", "is there anything else I can help"); for the Responder, help-seeking talk
       ("can you help me", "what should I do", "I'm worried about my").
 
-    ``turn score = 0.45·min(cues, 3)/3 + 0.35·copy + 0.20·clip(mirror / 0.15, 0, 1)``;
-    a side's score is the maximum over its turns; the conversation echoes when a side's
-    score reaches the threshold (0.5), and ``who`` is the side with the higher score.
-    Cues alone (at most 0.45) never suffice: an angry Client's "you should fix this" is
-    not echoing unless its words or its voice also came from the partner.
+    ``turn score = max(0.45·min(cues, 3)/3 + 0.35·copy + 0.20·clip(mirror / 0.15, 0, 1),
+    copy − 0.1)``; a side's score is the maximum over its turns; the conversation echoes
+    when a side's score reaches the threshold (0.5), and ``who`` is the side with the
+    higher score. Cues alone (at most 0.45) never suffice: an angry Client's "you should
+    fix this" is not echoing unless its words or its voice also came from the partner.
+    Parroting (60% or more of an utterance's content 3-grams copied from the partner)
+    suffices on its own.
 judge (optional)
     an LLM reads the conversation with a written rubric and returns
     ``{echoing, who, evidence}``; malformed replies are re-asked once, then the rule's
@@ -60,14 +63,123 @@ Who = Literal["client", "responder", "none"]
 W_CUES, W_COPY, W_MIRROR = 0.45, 0.35, 0.20
 MAX_CUES = 3
 MIRROR_FULL = 0.15
+PARROT_OFFSET = 0.1  # copy >= 0.6 reaches the 0.5 threshold on its own
 
 _STOPWORDS = frozenset(
-    """a about after again all also am an and any are as at be been before being but by can
-    could did do does doing don't for from had has have having he her here hers him his how i
-    i'd i'll i'm i've if in into is it it's its just let me more most my no not now of on once
-    only or other our out over own same she should so some such than that that's the their
-    them then there these they this those through to too under until up very was we were what
-    when where which while who why will with would you you're your yours""".split()
+    [
+        "a",
+        "about",
+        "after",
+        "again",
+        "all",
+        "also",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "been",
+        "before",
+        "being",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "don't",
+        "for",
+        "from",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "him",
+        "his",
+        "how",
+        "i",
+        "i'd",
+        "i'll",
+        "i'm",
+        "i've",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "it's",
+        "its",
+        "just",
+        "let",
+        "me",
+        "more",
+        "most",
+        "my",
+        "no",
+        "not",
+        "now",
+        "of",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "that's",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "you're",
+        "your",
+        "yours",
+    ]
 )
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -89,12 +201,20 @@ _CLIENT_CUES = [
     r"\bmake sure (?:to|you)\b",
     r"\bfeel free to\b",
     r"\b(?:first|step one)[,:] \w+",
+    r"\bsorry for (?:any|the) inconvenience\b",
+    r"\bwhat brings you (?:here|in|to)\b",
+    r"\bany (?:other )?questions you (?:may|might) have\b",
+    r"\b(?:it's|it is) (?:a|always a|my) pleasure to\b",
+    r"\bdon't hesitate to\b",
+    r"\bthank you for (?:reaching out|contacting|your patience)\b",
+    r"\bi hope (?:this|that) helps\b",
 ]
 _RESPONDER_CUES = [
     r"\b(?:can|could) you (?:please )?(?:help|advise) me\b",
     r"\bi need (?:your )?(?:help|advice)\b",
     r"\bwhat should i do\b",
-    r"\bi(?:'m| am) (?:so |really |very )?(?:worried|anxious|scared|frustrated|stressed) about my\b",
+    r"\bi(?:'m| am) (?:so |really |very )?"
+    r"(?:worried|anxious|scared|frustrated|stressed) about my\b",
     r"\bmy (?:problem|issue) is\b",
     r"\bi(?:'ve| have) been (?:struggling|dealing) with\b",
     r"\bthanks? (?:you )?(?:so much )?for (?:your|the) (?:help|advice)\b",
@@ -107,8 +227,13 @@ _LIST_ITEM = re.compile(r"(?m)^\s*(?:\d+[.)]|[-*\u2022])\s+\S")
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
 
+def _normalise(text: str) -> str:
+    # Models often write typographic apostrophes; the patterns use ASCII ones.
+    return text.replace("\u2019", "'").replace("\u2018", "'")
+
+
 def _tokens(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
+    return _WORD.findall(_normalise(text).lower())
 
 
 def _content_trigrams(tokens: Sequence[str]) -> list[tuple[str, str, str]]:
@@ -122,6 +247,7 @@ def role_cues(text: str, side: Side) -> list[str]:
     For the Client a list of two or more numbered or bulleted lines counts as one cue.
     """
     found = []
+    text = _normalise(text)
     for pattern in _CUE_PATTERNS[side]:
         m = pattern.search(text)
         if m:
@@ -159,7 +285,8 @@ class EchoVerdict:
     turns: list[TurnSignals] = field(default_factory=list)
 
 
-def _longest_copied_span(tokens: Sequence[str], copied: set[tuple[str, str, str]]) -> str:
+def _longest_copied_span(text: str, tokens: Sequence[str], copied: set[tuple[str, str, str]]) -> str:
+    """The longest run of copied 3-grams, quoted from ``text`` with its own punctuation."""
     best: tuple[int, int] = (0, 0)
     start = None
     for i in range(len(tokens) - 2):
@@ -171,7 +298,10 @@ def _longest_copied_span(tokens: Sequence[str], copied: set[tuple[str, str, str]
             if end - start > best[1] - best[0]:
                 best = (start, end)
             start = None
-    return " ".join(tokens[best[0] : best[1] + 1]) if best[1] > best[0] else ""
+    if best[1] <= best[0]:
+        return ""
+    spans = [m.span() for m in _WORD.finditer(_normalise(text).lower())]
+    return text[spans[best[0]][0] : spans[best[1]][1]]
 
 
 def _quote(text: str, limit: int = 180) -> str:
@@ -183,7 +313,7 @@ def _sentence_with(text: str, phrase: str) -> str:
     low = phrase.lower()
     for sentence in _SENTENCE.findall(text):
         if low in sentence.lower():
-            return sentence.strip()
+            return str(sentence).strip()
     return text
 
 
@@ -202,7 +332,10 @@ def rule_echoing(
     """
     tokens = [_tokens(t) for t in conv.texts]
     grams = [set(_content_trigrams(tok)) for tok in tokens]
-    seen: dict[str, set[tuple[str, str, str]]] = {"client": set(), "responder": set()}
+    # Who said each 3-gram first: a phrase the partner introduced counts as copied even
+    # when the speaker has already repeated it (ping-pong loops), one the speaker
+    # introduced never does (the partner quoting it back does not make it copied).
+    origin: dict[tuple[str, str, str], str] = {}
     own_rows: dict[str, list[int]] = {"client": [], "responder": []}
     signals: list[TurnSignals] = []
     for i, speaker_raw in enumerate(conv.speakers):
@@ -210,30 +343,39 @@ def rule_echoing(
             continue
         speaker: Side = "client" if speaker_raw == "client" else "responder"
         partner: Side = "responder" if speaker == "client" else "client"
-        # From the speaker's second turn on: its first turn has no own voice to compare with.
-        if own_rows[speaker] and i > 0:
-            mine = grams[i]
-            copied = {g for g in mine if g in seen[partner] and g not in seen[speaker]}
-            copy = len(copied) / len(mine) if len(mine) >= 3 else 0.0
-            prev_partner = next(
-                (j for j in range(i - 1, -1, -1) if conv.speakers[j] == partner), None
+        # Every utterance is scored: cues need nothing before them, copying needs a partner
+        # turn before it, mirroring also needs an own earlier turn (a voice to compare with).
+        mine = grams[i]
+        prev_partner = next((j for j in range(i - 1, -1, -1) if conv.speakers[j] == partner), None)
+        just_said = grams[prev_partner] if prev_partner is not None else set()
+        copied = {g for g in mine if origin.get(g) == partner or g in just_said}
+        copy = len(copied) / len(mine) if len(mine) >= 3 else 0.0
+        mirror = 0.0
+        if prev_partner is not None and own_rows[speaker]:
+            sim_partner = float(vectors[i] @ vectors[prev_partner])
+            sim_self = float(np.max(vectors[own_rows[speaker]] @ vectors[i]))
+            mirror = sim_partner - sim_self
+        cues = role_cues(conv.texts[i], speaker)
+        weighted = (
+            W_CUES * min(len(cues), MAX_CUES) / MAX_CUES
+            + W_COPY * copy
+            + W_MIRROR * float(np.clip(mirror / MIRROR_FULL, 0.0, 1.0))
+        )
+        # Parroting: copying most of the partner's words is echoing by itself.
+        score = max(weighted, copy - PARROT_OFFSET)
+        signals.append(
+            TurnSignals(
+                index=i,
+                speaker=speaker,
+                copy=copy,
+                mirror=mirror,
+                cues=cues,
+                score=score,
+                copied_span=_longest_copied_span(conv.texts[i], tokens[i], copied),
             )
-            mirror = 0.0
-            if prev_partner is not None:
-                sim_partner = float(vectors[i] @ vectors[prev_partner])
-                sim_self = float(np.max(vectors[own_rows[speaker]] @ vectors[i]))
-                mirror = sim_partner - sim_self
-            cues = role_cues(conv.texts[i], speaker)
-            score = (
-                W_CUES * min(len(cues), MAX_CUES) / MAX_CUES
-                + W_COPY * copy
-                + W_MIRROR * float(np.clip(mirror / MIRROR_FULL, 0.0, 1.0))
-            )
-            signals.append(TurnSignals(
-                index=i, speaker=speaker, copy=copy, mirror=mirror, cues=cues, score=score,
-                copied_span=_longest_copied_span(tokens[i], copied),
-            ))
-        seen[speaker] |= grams[i]
+        )
+        for g in grams[i]:
+            origin.setdefault(g, speaker)
         own_rows[speaker].append(i)
 
     side_score = {
@@ -247,22 +389,33 @@ def rule_echoing(
         who = "client" if best == "client" else "responder"
     evidence: list[str] = []
     if echoing:
-        flagged = sorted((s for s in signals if s.speaker == who and s.score >= threshold),
-                         key=lambda s: -s.score)[:3]
+        flagged = sorted(
+            (s for s in signals if s.speaker == who and s.score >= threshold),
+            key=lambda s: -s.score,
+        )[:3]
         for s in flagged:
             turn_no = conv.speakers[: s.index + 1].count(s.speaker) - 1
             where = f"{s.speaker} turn {turn_no}"
-            if s.cues:
-                evidence.append(f'{where}: "{_quote(_sentence_with(conv.texts[s.index], s.cues[0]))}"')
+            cue_sentence = _sentence_with(conv.texts[s.index], s.cues[0]) if s.cues else ""
+            # Skip the cue sentence when the copied span already quotes it.
+            if cue_sentence and cue_sentence.lower().rstrip(".!?") not in s.copied_span.lower():
+                evidence.append(f'{where}: "{_quote(cue_sentence)}"')
             if s.copied_span and len(s.copied_span.split()) >= 4:
-                evidence.append(f'{where} repeats the {"responder" if who == "client" else "client"}: '
-                                f'"{_quote(s.copied_span)}"')
+                evidence.append(
+                    f"{where} repeats the {'responder' if who == 'client' else 'client'}: "
+                    f'"{_quote(s.copied_span)}"'
+                )
             if not s.cues and not s.copied_span:
                 evidence.append(f'{where}: "{_quote(conv.texts[s.index])}"')
     return EchoVerdict(
-        dialogue_id=conv.dialogue_id, echoing=echoing, who=who,
-        score=round(side_score[best], 4), client_score=round(side_score["client"], 4),
-        responder_score=round(side_score["responder"], 4), evidence=evidence, method="rule",
+        dialogue_id=conv.dialogue_id,
+        echoing=echoing,
+        who=who,
+        score=round(side_score[best], 4),
+        client_score=round(side_score["client"], 4),
+        responder_score=round(side_score["responder"], 4),
+        evidence=evidence,
+        method="rule",
         turns=signals,
     )
 
@@ -285,8 +438,8 @@ class JudgeVerdict(BaseModel):
         return self
 
 
-JUDGE_RUBRIC = """You audit a simulated conversation between a CLIENT (a simulated person with their \
-own problem, feelings and goals, who came for help) and a RESPONDER (the helper: agent, \
+JUDGE_RUBRIC = """You audit a simulated conversation between a CLIENT (a simulated person \
+with their own problem, feelings and goals, who came for help) and a RESPONDER (the helper: agent, \
 counsellor, tutor). Decide whether ECHOING happened: one side abandoned its own role and \
 began to mirror the other.
 
@@ -303,7 +456,8 @@ Not echoing: briefly quoting the other side to ask about it, agreeing, thanking,
 what was agreed before ending, or a frustrated client telling the responder what they should do.
 
 Reply with only a JSON object:
-{"echoing": true|false, "who": "client"|"responder"|"none", "evidence": ["short verbatim quote", ...]}
+{"echoing": true|false, "who": "client"|"responder"|"none",
+ "evidence": ["short verbatim quote", ...]}
 "who" is "none" exactly when "echoing" is false. Give at most 3 quotes, copied from the \
 conversation."""
 
@@ -349,10 +503,14 @@ async def judge_echoing(
             out[conv.dialogue_id] = rule
         else:
             out[conv.dialogue_id] = EchoVerdict(
-                dialogue_id=conv.dialogue_id, echoing=parsed.echoing, who=parsed.who,
-                score=1.0 if parsed.echoing else 0.0, client_score=rule.client_score,
+                dialogue_id=conv.dialogue_id,
+                echoing=parsed.echoing,
+                who=parsed.who,
+                score=1.0 if parsed.echoing else 0.0,
+                client_score=rule.client_score,
                 responder_score=rule.responder_score,
-                evidence=[_quote(e) for e in parsed.evidence[:3]], method="judge",
+                evidence=[_quote(e) for e in parsed.evidence[:3]],
+                method="judge",
                 turns=rule.turns,
             )
         if on_done is not None:

@@ -13,7 +13,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["atomic_write_bytes", "atomic_write_parquet", "atomic_write_text"]
+__all__ = ["atomic_write_bytes", "atomic_write_parquet", "atomic_write_text", "publish_mode"]
+
+
+def publish_mode(fd: int) -> None:
+    """Give a temporary file the mode a plain ``open()`` would have (mkstemp makes it 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -22,6 +29,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        publish_mode(fd)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -37,14 +45,13 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_parquet(
-    df: pd.DataFrame, path: str | Path, schema: pa.Schema | None = None
-) -> None:
+def atomic_write_parquet(df: pd.DataFrame, path: str | Path, schema: pa.Schema | None = None) -> None:
     """Write ``df`` as one Parquet file at ``path`` atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    publish_mode(fd)
     os.close(fd)
     try:
         pq.write_table(table, tmp)

@@ -84,10 +84,13 @@ def openai_chat_fn(
     api_key_env: str | None = "OPENAI_API_KEY",
     max_tokens: int = 400,
     timeout: float = 120.0,
+    max_retries: int = 2,
 ) -> ChatFn:
     """A :data:`ChatFn` over any OpenAI-compatible chat endpoint (for ``--mode probe``/``--judge``).
 
     ``api_key_env`` is the *name* of the variable holding the key (``None``: no key needed).
+    Failed calls (after the SDK's ``max_retries``) raise :class:`BackendError`, which the
+    probe and the judge count as fallbacks.
     """
     import openai
 
@@ -97,7 +100,7 @@ def openai_chat_fn(
         key = os.environ.get(api_key_env, "")
         if not key:
             raise MissingKeyError(api_key_env, f"evaluation LLM ({model})")
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries)
 
     async def chat(messages: list[dict[str, str]], temperature: float) -> str:
         try:

@@ -64,7 +64,7 @@ class RunData:
     def persona_rows(self) -> dict[str, dict[str, object]]:
         """Persona fields by persona id."""
         records = self.personas.drop_duplicates("persona_id").to_dict("records")
-        return {str(r["persona_id"]): r for r in records}
+        return {str(r["persona_id"]): {str(k): v for k, v in r.items()} for r in records}
 
 
 def _read_table(run_dir: Path, name: str) -> pd.DataFrame:
@@ -97,8 +97,7 @@ def load_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(
-            f"Run directory {run_dir} does not exist; pass the directory a run wrote "
-            "(e.g. runs/<name>)."
+            f"Run directory {run_dir} does not exist; pass the directory a run wrote (e.g. runs/<name>)."
         )
     personas = _read_table(run_dir, "personas")
     dialogues = _read_table(run_dir, "dialogues")
@@ -108,7 +107,7 @@ def load_run(run_dir: str | Path) -> RunData:
     dialogues = dialogues.copy()
     for column, default in _DIALOGUE_DEFAULTS.items():
         if column not in dialogues.columns:
-            dialogues[column] = default
+            dialogues[column] = pd.Series([default] * len(dialogues), index=dialogues.index)
     for column in ("dialogue_id", "persona_id", "condition", "pairing", "harness_level", "status"):
         dialogues[column] = dialogues[column].fillna("").astype(str)
     dialogues["conversation_index"] = (
@@ -130,22 +129,20 @@ def load_run(run_dir: str | Path) -> RunData:
     turns = turns.sort_values(["dialogue_id", "turn_index"], kind="stable").reset_index(drop=True)
 
     data = RunData(run_dir, personas, dialogues, turns, n_total)
-    by_dialogue = {
-        str(k): g for k, g in turns.groupby("dialogue_id", sort=False)
-    }
+    by_dialogue = {str(k): g for k, g in turns.groupby("dialogue_id", sort=False)}
     conversations: list[Conversation] = []
-    for row in dialogues.itertuples(index=False):
-        group = by_dialogue.get(str(row.dialogue_id))
+    for row in dialogues.to_dict("records"):
+        group = by_dialogue.get(str(row["dialogue_id"]))
         if group is None or group.empty:
             continue
         conversations.append(
             Conversation(
-                dialogue_id=str(row.dialogue_id),
-                persona_id=str(row.persona_id),
-                conversation_index=int(row.conversation_index),
-                condition=str(row.condition),
-                pairing=str(row.pairing),
-                harness_level=str(row.harness_level),
+                dialogue_id=str(row["dialogue_id"]),
+                persona_id=str(row["persona_id"]),
+                conversation_index=int(row["conversation_index"]),
+                condition=str(row["condition"]),
+                pairing=str(row["pairing"]),
+                harness_level=str(row["harness_level"]),
                 speakers=tuple(group["speaker"].tolist()),
                 texts=tuple(group["text"].tolist()),
             )

@@ -29,7 +29,13 @@ from spasm.evaluation.drift import (
     references,
 )
 from spasm.evaluation.echoing import DEFAULT_THRESHOLD, EchoVerdict, judge_echoing, rule_echoing
-from spasm.evaluation.embeddings import CachedEmbedder, Embedder, FloatArray, create_embedder, l2_normalise
+from spasm.evaluation.embeddings import (
+    CachedEmbedder,
+    Embedder,
+    FloatArray,
+    create_embedder,
+    l2_normalise,
+)
 from spasm.evaluation.files import atomic_write_parquet, atomic_write_text
 from spasm.evaluation.llm import ChatFn
 from spasm.evaluation.loader import Conversation, RunData, load_run
@@ -56,8 +62,7 @@ CACHE_DIRNAME = "embeddings-cache"
 
 
 def _bar(total: int | None, desc: str, enabled: bool) -> tqdm[Any]:
-    return tqdm(total=total, desc=desc, unit="it", disable=not enabled, leave=False,
-                dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit="it", disable=not enabled, leave=False, dynamic_ncols=True)
 
 
 def _finite(value: float | None) -> float | None:
@@ -121,7 +126,9 @@ def evaluate(
     convs = data.conversations
     timings["load"] = time.perf_counter() - t_start
 
-    inner = create_embedder(embedder, **dict(embedder_options or {})) if isinstance(embedder, str) else embedder
+    inner = (
+        create_embedder(embedder, **dict(embedder_options or {})) if isinstance(embedder, str) else embedder
+    )
     cached = CachedEmbedder(inner, run_dir / EVAL_DIRNAME / CACHE_DIRNAME, chunk_size=1024)
 
     def embed(texts: list[str], desc: str = "embedding") -> FloatArray:
@@ -156,10 +163,17 @@ def evaluate(
         assert chat is not None
         n_client = sum(len(v) for v in client_vecs.values())
         with _bar(n_client, "probing stances", show) as bar:
-            series, probe_calls, probe_fallbacks = anyio.run(functools.partial(
-                probe_drift, convs, client_vecs, embed, chat, concurrency=concurrency,
-                on_done=bar.update,
-            ))
+            series, probe_calls, probe_fallbacks = anyio.run(
+                functools.partial(
+                    probe_drift,
+                    convs,
+                    client_vecs,
+                    embed,
+                    chat,
+                    concurrency=concurrency,
+                    on_done=bar.update,
+                )
+            )
     means = dialogue_means(series)
     dims = ["utterance", "concerns", "emotion", "motivation"]
     drift_notes: list[str] = []
@@ -168,44 +182,82 @@ def evaluate(
     if not {"ecp", "concat"} <= conditions:
         drift_notes.append(
             "ECP vs CONCAT needs both conditions in the run; found: "
-            + (", ".join(sorted(conditions)) or "none") + "."
+            + (", ".join(sorted(conditions)) or "none")
+            + "."
         )
         comparisons = []
-    missing_fields = [d for d in ("concerns", "emotion", "motivation")
-                      if all(not np.isfinite(s[d]).any() for s in series.values())] if series else []
+    elif all(c.n_pairs == 0 for c in comparisons):
+        drift_notes.append(
+            "No ECP dialogue has a CONCAT twin with the same persona, conversation index, "
+            "pairing and harness level, so ECP vs CONCAT cannot be paired."
+        )
+        comparisons = []
+    missing_fields = (
+        [
+            d
+            for d in ("concerns", "emotion", "motivation")
+            if all(not np.isfinite(s[d]).any() for s in series.values())
+        ]
+        if series
+        else []
+    )
     if missing_fields and mode == "cheap":
-        drift_notes.append("No persona field for: " + ", ".join(missing_fields)
-                           + " (the personas table lacks it), so those curves are empty.")
+        drift_notes.append(
+            "No persona field for: "
+            + ", ".join(missing_fields)
+            + " (the personas table lacks it), so those curves are empty."
+        )
     drift = DriftMetrics(
-        mode=mode, dimensions=dims, references=references(mode),
-        curves=drift_curves(series, convs), by_condition=condition_summaries(means, convs),
-        comparisons=comparisons, probe_calls=probe_calls, probe_fallbacks=probe_fallbacks,
+        mode=mode,
+        dimensions=dims,
+        references=references(mode),
+        curves=drift_curves(series, convs),
+        by_condition=condition_summaries(means, convs),
+        comparisons=comparisons,
+        probe_calls=probe_calls,
+        probe_fallbacks=probe_fallbacks,
         notes=drift_notes,
     )
     timings["drift"] = time.perf_counter() - t0
 
     # 3. Echoing.
     t0 = time.perf_counter()
-    rule = {c.dialogue_id: rule_echoing(c, utt[c.dialogue_id], threshold=echo_threshold)
-            for c in tqdm(convs, desc="echoing signals", disable=not show, leave=False)}
+    rule = {
+        c.dialogue_id: rule_echoing(c, utt[c.dialogue_id], threshold=echo_threshold)
+        for c in tqdm(convs, desc="echoing signals", disable=not show, leave=False)
+    }
     verdicts: dict[str, EchoVerdict] = rule
     judge_calls = judge_fallbacks = 0
     kappa_rule_judge: float | None = None
     if judge:
         assert chat is not None
         with _bar(len(convs), "judging echoing", show) as bar:
-            verdicts, judge_calls, judge_fallbacks = anyio.run(functools.partial(
-                judge_echoing, convs, rule, chat, concurrency=concurrency, on_done=bar.update,
-            ))
-        kappa_rule_judge = _kappa([rule[c.dialogue_id].echoing for c in convs],
-                                  [verdicts[c.dialogue_id].echoing for c in convs])
+            verdicts, judge_calls, judge_fallbacks = anyio.run(
+                functools.partial(
+                    judge_echoing,
+                    convs,
+                    rule,
+                    chat,
+                    concurrency=concurrency,
+                    on_done=bar.update,
+                )
+            )
+        kappa_rule_judge = _kappa(
+            [rule[c.dialogue_id].echoing for c in convs],
+            [verdicts[c.dialogue_id].echoing for c in convs],
+        )
     kappa_human, human_note = _human_agreement(run_dir, verdicts)
     echoing = EchoingMetrics(
-        method="judge" if judge else "rule", threshold=echo_threshold,
-        rates=_echo_rates(convs, verdicts), overall=_echo_rate("all", "all", convs, verdicts),
-        examples=_echo_examples(convs, verdicts), judge_calls=judge_calls,
-        judge_fallbacks=judge_fallbacks, kappa_rule_vs_judge=kappa_rule_judge,
-        kappa_human=kappa_human, human_note=human_note,
+        method="judge" if judge else "rule",
+        threshold=echo_threshold,
+        rates=_echo_rates(convs, verdicts),
+        overall=_echo_rate("all", "all", convs, verdicts),
+        examples=_echo_examples(convs, verdicts),
+        judge_calls=judge_calls,
+        judge_fallbacks=judge_fallbacks,
+        kappa_rule_vs_judge=kappa_rule_judge,
+        kappa_human=kappa_human,
+        human_note=human_note,
     )
     timings["echoing"] = time.perf_counter() - t0
 
@@ -219,7 +271,7 @@ def evaluate(
             groups[(c.pairing, c.condition)].append(c)
     separability: list[SeparabilityGroup] = []
     pca_xy: dict[str, tuple[float, float]] = {}
-    for (pairing, condition), members in sorted(groups.items()):
+    for (pairing, condition), members in sorted(groups.items(), key=_group_key):
         x = np.stack([conv_vec[c.dialogue_id] for c in members])
         labels = [c.persona_id for c in members]
         use = retrieval if card_vecs is not None or retrieval == "centroid" else "centroid"
@@ -227,27 +279,46 @@ def evaluate(
         notes = list(scores.notes)
         if use != retrieval and card_note:
             notes.insert(0, card_note)
-        separability.append(SeparabilityGroup(
-            pairing=pairing, condition=condition, n_conversations=scores.n_conversations,
-            n_personas=scores.n_personas, silhouette=_finite(scores.silhouette),
-            davies_bouldin=_finite(scores.davies_bouldin), intra_mean=scores.intra_mean,
-            intra_sd=scores.intra_sd, retrieval=scores.retrieval, n_queries=scores.n_queries,
-            acc_at_k=scores.acc_at_k, random_at_k=scores.random_at_k,
-            note="; ".join(notes) or None,
-        ))
+        separability.append(
+            SeparabilityGroup(
+                pairing=pairing,
+                condition=condition,
+                n_conversations=scores.n_conversations,
+                n_personas=scores.n_personas,
+                silhouette=_finite(scores.silhouette),
+                davies_bouldin=_finite(scores.davies_bouldin),
+                intra_mean=scores.intra_mean,
+                intra_sd=scores.intra_sd,
+                retrieval=scores.retrieval,
+                n_queries=scores.n_queries,
+                acc_at_k=scores.acc_at_k,
+                random_at_k=scores.random_at_k,
+                note="; ".join(notes) or None,
+            )
+        )
         pca_xy.update(_pca(members, x))
     timings["separability"] = time.perf_counter() - t0
 
     counts = Counts(
         personas=int(data.personas["persona_id"].nunique()),
-        dialogues_total=data.n_dialogues_total, dialogues_ok=len(convs),
-        utterances=len(all_texts), client_turns=sum(len(v) for v in client_vecs.values()),
-        texts_embedded=cached.computed, texts_cached=cached.hits,
+        dialogues_total=data.n_dialogues_total,
+        dialogues_ok=len(convs),
+        utterances=len(all_texts),
+        client_turns=sum(len(v) for v in client_vecs.values()),
+        texts_embedded=cached.computed,
+        texts_cached=cached.hits,
     )
     metrics = Metrics(
-        run_dir=str(run_dir), created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        embedder=inner.name, mode=mode, judge=judge, counts=counts, drift=drift, echoing=echoing,
-        separability=separability, timings={},
+        run_dir=str(run_dir),
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        embedder=inner.name,
+        mode=mode,
+        judge=judge,
+        counts=counts,
+        drift=drift,
+        echoing=echoing,
+        separability=separability,
+        timings={},
     )
     per_dialogue = _per_dialogue(convs, means, verdicts, pca_xy)
     timings["total"] = time.perf_counter() - t_start
@@ -280,9 +351,17 @@ def load_per_dialogue(eval_dir: str | Path) -> pd.DataFrame:
 # --------------------------------------------------------------------------- helpers
 
 
+def _group_key(item: tuple[tuple[str, str], object]) -> tuple[str, int, str]:
+    """Pairing, then ECP before CONCAT before anything else."""
+    (pairing, condition), _ = item
+    return (pairing, {"ecp": 0, "concat": 1}.get(condition, 2), condition)
+
+
 def _card_vectors(
-    data: RunData, personas: Mapping[str, Mapping[str, object]],
-    embed: Any, retrieval: Retrieval,
+    data: RunData,
+    personas: Mapping[str, Mapping[str, object]],
+    embed: Any,
+    retrieval: Retrieval,
 ) -> tuple[dict[str, FloatArray] | None, str | None]:
     if retrieval != "card":
         return None, None
@@ -293,8 +372,10 @@ def _card_vectors(
             cards[pid] = card
     used = {c.persona_id for c in data.conversations}
     if not used or not used <= set(cards):
-        return None, (f"{len(used - set(cards))} persona(s) have no card, so retrieval "
-                      "used leave-one-out centroids instead")
+        return None, (
+            f"{len(used - set(cards))} persona(s) have no card, so retrieval "
+            "used leave-one-out centroids instead"
+        )
     ids = sorted(used)
     vecs = embed([cards[p] for p in ids], "embedding persona cards")
     return {p: vecs[i] for i, p in enumerate(ids)}, None
@@ -309,14 +390,20 @@ def _pca(members: list[Conversation], x: FloatArray) -> dict[str, tuple[float, f
     return {c.dialogue_id: (float(xy[i, 0]), float(xy[i, 1])) for i, c in enumerate(members)}
 
 
-def _echo_rate(pairing: str, condition: str, convs: list[Conversation],
-               verdicts: Mapping[str, EchoVerdict]) -> EchoRate:
+def _echo_rate(
+    pairing: str, condition: str, convs: list[Conversation], verdicts: Mapping[str, EchoVerdict]
+) -> EchoRate:
     vs = [verdicts[c.dialogue_id] for c in convs if c.dialogue_id in verdicts]
     k = sum(v.echoing for v in vs)
     low, high = wilson_interval(k, len(vs))
     return EchoRate(
-        pairing=pairing, condition=condition, n=len(vs), n_echoing=k,
-        rate=k / len(vs) if vs else None, ci_low=_finite(low), ci_high=_finite(high),
+        pairing=pairing,
+        condition=condition,
+        n=len(vs),
+        n_echoing=k,
+        rate=k / len(vs) if vs else None,
+        ci_low=_finite(low),
+        ci_high=_finite(high),
         by_client=sum(v.echoing and v.who == "client" for v in vs),
         by_responder=sum(v.echoing and v.who == "responder" for v in vs),
     )
@@ -326,16 +413,29 @@ def _echo_rates(convs: list[Conversation], verdicts: Mapping[str, EchoVerdict]) 
     groups: dict[tuple[str, str], list[Conversation]] = defaultdict(list)
     for c in convs:
         groups[(c.pairing, c.condition)].append(c)
-    return [_echo_rate(p, cond, members, verdicts) for (p, cond), members in sorted(groups.items())]
+    return [
+        _echo_rate(p, cond, members, verdicts)
+        for (p, cond), members in sorted(groups.items(), key=_group_key)
+    ]
 
 
-def _echo_examples(convs: list[Conversation], verdicts: Mapping[str, EchoVerdict],
-                   limit: int = 10) -> list[EchoExample]:
+def _echo_examples(
+    convs: list[Conversation], verdicts: Mapping[str, EchoVerdict], limit: int = 10
+) -> list[EchoExample]:
     info = {c.dialogue_id: c for c in convs}
     flagged = sorted((v for v in verdicts.values() if v.echoing), key=lambda v: -v.score)[:limit]
-    return [EchoExample(dialogue_id=v.dialogue_id, pairing=info[v.dialogue_id].pairing,
-                        condition=info[v.dialogue_id].condition, who=v.who, score=v.score,
-                        evidence=v.evidence, method=v.method) for v in flagged]
+    return [
+        EchoExample(
+            dialogue_id=v.dialogue_id,
+            pairing=info[v.dialogue_id].pairing,
+            condition=info[v.dialogue_id].condition,
+            who=v.who,
+            score=v.score,
+            evidence=v.evidence,
+            method=v.method,
+        )
+        for v in flagged
+    ]
 
 
 def _kappa(a: list[bool], b: list[bool]) -> float | None:
@@ -371,29 +471,40 @@ def _human_agreement(run_dir: Path, verdicts: Mapping[str, EchoVerdict]) -> tupl
     return kappa, f"{len(both)} annotated dialogues (majority label per dialogue)"
 
 
-def _per_dialogue(convs: list[Conversation], means: Mapping[str, Mapping[str, float]],
-                  verdicts: Mapping[str, EchoVerdict],
-                  pca_xy: Mapping[str, tuple[float, float]]) -> pd.DataFrame:
+def _per_dialogue(
+    convs: list[Conversation],
+    means: Mapping[str, Mapping[str, float]],
+    verdicts: Mapping[str, EchoVerdict],
+    pca_xy: Mapping[str, tuple[float, float]],
+) -> pd.DataFrame:
     rows = []
     for c in convs:
         v = verdicts.get(c.dialogue_id)
         xy = pca_xy.get(c.dialogue_id, (math.nan, math.nan))
         row: dict[str, object] = {
-            "dialogue_id": c.dialogue_id, "persona_id": c.persona_id,
-            "conversation_index": c.conversation_index, "pairing": c.pairing,
-            "condition": c.condition, "harness_level": c.harness_level,
-            "n_utterances": len(c.texts), "n_client_turns": c.speakers.count("client"),
+            "dialogue_id": c.dialogue_id,
+            "persona_id": c.persona_id,
+            "conversation_index": c.conversation_index,
+            "pairing": c.pairing,
+            "condition": c.condition,
+            "harness_level": c.harness_level,
+            "n_utterances": len(c.texts),
+            "n_client_turns": c.speakers.count("client"),
         }
         for dim in ("utterance", "concerns", "emotion", "motivation"):
             row[f"drift_{dim}"] = means.get(c.dialogue_id, {}).get(dim, math.nan)
-        row.update({
-            "echoing": bool(v.echoing) if v else False, "echo_who": v.who if v else "none",
-            "echo_score": v.score if v else 0.0,
-            "echo_client_score": v.client_score if v else 0.0,
-            "echo_responder_score": v.responder_score if v else 0.0,
-            "echo_method": v.method if v else "rule",
-            "echo_evidence": " | ".join(v.evidence) if v else "",
-            "pca_x": xy[0], "pca_y": xy[1],
-        })
+        row.update(
+            {
+                "echoing": bool(v.echoing) if v else False,
+                "echo_who": v.who if v else "none",
+                "echo_score": v.score if v else 0.0,
+                "echo_client_score": v.client_score if v else 0.0,
+                "echo_responder_score": v.responder_score if v else 0.0,
+                "echo_method": v.method if v else "rule",
+                "echo_evidence": " | ".join(v.evidence) if v else "",
+                "pca_x": xy[0],
+                "pca_y": xy[1],
+            }
+        )
         rows.append(row)
     return pd.DataFrame(rows)

@@ -19,12 +19,14 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: never needs a display
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
-from spasm.evaluation.files import atomic_write_text  # noqa: E402
-from spasm.evaluation.metrics import Metrics  # noqa: E402
+from spasm.evaluation.files import atomic_write_text
+from spasm.evaluation.metrics import Metrics
 
 __all__ = ["render_report", "write_report"]
 
@@ -40,6 +42,14 @@ def _colour(condition: str, seen: list[str]) -> str:
     return _EXTRA_COLOURS[seen.index(condition) % len(_EXTRA_COLOURS)]
 
 
+_CONDITION_RANK = {"ecp": 0, "concat": 1}
+
+
+def _ordered(conditions: Iterable[str]) -> list[str]:
+    """ECP first, then CONCAT, then anything else alphabetically."""
+    return sorted(set(conditions), key=lambda c: (_CONDITION_RANK.get(c, 2), c))
+
+
 def _png(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -52,6 +62,12 @@ def _empty(message: str) -> Figure:
     ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True)
     ax.set_axis_off()
     return fig
+
+
+def _or(value: float | None, fallback: float | None) -> float:
+    if value is not None:
+        return value
+    return fallback if fallback is not None else math.nan
 
 
 def _group_label(pairing: str, condition: str) -> str:
@@ -69,26 +85,34 @@ def figure_drift(metrics: Metrics) -> Figure:
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.4 * rows), squeeze=False)
     extra: list[str] = []
     for ax, dim in zip(axes.flat, dims, strict=False):
-        conditions = sorted({p.condition for p in points if p.dimension == dim})
+        conditions = _ordered(p.condition for p in points if p.dimension == dim)
         for cond in conditions:
-            pts = sorted((p for p in points if p.dimension == dim and p.condition == cond),
-                         key=lambda p: p.turn)
+            pts = sorted(
+                (p for p in points if p.dimension == dim and p.condition == cond),
+                key=lambda p: p.turn,
+            )
             pts = [p for p in pts if p.mean is not None]
             if not pts:
                 continue
             x = [p.turn for p in pts]
             colour = _colour(cond, extra)
-            ax.plot(x, [p.mean for p in pts], marker="o", ms=3, color=colour,
-                    label=f"{cond.upper()}")
-            ax.fill_between(x, [p.ci_low if p.ci_low is not None else p.mean for p in pts],
-                            [p.ci_high if p.ci_high is not None else p.mean for p in pts],
-                            color=colour, alpha=0.18, linewidth=0)
+            ax.plot(x, [p.mean for p in pts], marker="o", ms=3, color=colour, label=f"{cond.upper()}")
+            # Small samples give t-intervals past drift's range [0, 2]; draw them clipped.
+            ax.fill_between(
+                x,
+                [max(0.0, _or(p.ci_low, p.mean)) for p in pts],
+                [min(2.0, _or(p.ci_high, p.mean)) for p in pts],
+                color=colour,
+                alpha=0.18,
+                linewidth=0,
+            )
         ax.set_title(f"{dim}  ({metrics.drift.mode})")
         ax.set_xlabel("Client turn t")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("Drift = 1 − cos")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(dims):]:
+    for ax in list(axes.flat)[len(dims) :]:
         ax.set_axis_off()
     fig.suptitle("Drift by Client turn (mean ± 95% CI)")
     fig.tight_layout()
@@ -100,10 +124,13 @@ def figure_map(metrics: Metrics, per_dialogue: pd.DataFrame) -> Figure:
     if per_dialogue.empty or "pca_x" not in per_dialogue.columns:
         return _empty("No conversation embeddings to map.")
     df = per_dialogue.dropna(subset=["pca_x", "pca_y"])
-    groups = sorted(df.groupby(["pairing", "condition"]).groups)
+    groups = sorted(
+        {(str(p), str(c)) for p, c in zip(df["pairing"], df["condition"], strict=True)},
+        key=lambda g: (g[0], _CONDITION_RANK.get(g[1], 2), g[1]),
+    )
     if not groups:
         return _empty("No conversation embeddings to map.")
-    cols = min(3, len(groups))
+    cols = 2 if len(groups) in (2, 4) else min(3, len(groups))
     rows = math.ceil(len(groups) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.2 * rows), squeeze=False)
     cmap = plt.get_cmap("tab20")
@@ -111,21 +138,35 @@ def figure_map(metrics: Metrics, per_dialogue: pd.DataFrame) -> Figure:
     colour_of = {p: cmap(i % 20) for i, p in enumerate(personas)}
     for ax, (pairing, condition) in zip(axes.flat, groups, strict=False):
         g = df[(df["pairing"] == pairing) & (df["condition"] == condition)]
-        ax.scatter(g["pca_x"], g["pca_y"], c=[colour_of[p] for p in g["persona_id"]],
-                   s=14 if len(g) > 300 else 30, alpha=0.8, linewidths=0)
+        ax.scatter(
+            g["pca_x"],
+            g["pca_y"],
+            c=[colour_of[p] for p in g["persona_id"]],
+            s=14 if len(g) > 300 else 30,
+            alpha=0.8,
+            linewidths=0,
+        )
         ax.set_title(_group_label(str(pairing), str(condition)), fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_xlabel("PC 1")
         ax.set_ylabel("PC 2")
-    for ax in list(axes.flat)[len(groups):]:
+    for ax in list(axes.flat)[len(groups) :]:
         ax.set_axis_off()
     if len(personas) <= 12:
-        handles = [plt.Line2D([], [], marker="o", ls="", color=colour_of[p], label=str(p))
-                   for p in personas]
-        fig.legend(handles=handles, loc="lower center", ncol=min(6, len(personas)),
-                   fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
-    fig.suptitle(f"Client side of each conversation, PCA (colour = persona, {len(personas)} personas)")
+        handles = [Line2D([], [], marker="o", ls="", color=colour_of[p], label=str(p)) for p in personas]
+        fig.legend(
+            handles=handles,
+            loc="lower center",
+            ncol=min(6, len(personas)),
+            fontsize=8,
+            frameon=False,
+            bbox_to_anchor=(0.5, -0.02),
+        )
+    repeat = "; colours repeat past 20" if len(personas) > 20 else ""
+    fig.suptitle(
+        f"Client side of each conversation, PCA (colour = persona, {len(personas)} personas{repeat})"
+    )
     fig.tight_layout(rect=(0, 0.05 if len(personas) <= 12 else 0, 1, 1))
     return fig
 
@@ -137,14 +178,35 @@ def figure_acc(metrics: Metrics) -> Figure:
         return _empty("No persona retrieval: see the separability notes.")
     fig, ax = plt.subplots(figsize=(7, 4.2))
     cmap = plt.get_cmap("tab10")
+    # One grey baseline when every group has the same number of candidates.
+    same_baseline = all(g.random_at_k == groups[0].random_at_k for g in groups)
     for i, g in enumerate(groups):
         ks = list(range(1, len(g.acc_at_k) + 1))
         colour = cmap(i % 10)
-        ax.plot(ks, [a if a is not None else math.nan for a in g.acc_at_k], marker="o", ms=4,
-                color=colour, label=_group_label(g.pairing, g.condition))
-        ax.plot(ks, [r if r is not None else math.nan for r in g.random_at_k], ls="--",
-                color=colour, alpha=0.6)
-    ax.plot([], [], ls="--", color="grey", label="random baseline (K/N)")
+        ax.plot(
+            ks,
+            [a if a is not None else math.nan for a in g.acc_at_k],
+            marker="o",
+            ms=4,
+            color=colour,
+            label=_group_label(g.pairing, g.condition),
+        )
+        if not same_baseline:
+            ax.plot(
+                ks,
+                [r if r is not None else math.nan for r in g.random_at_k],
+                ls="--",
+                color=colour,
+                alpha=0.6,
+            )
+    baseline_ks = list(range(1, len(groups[0].random_at_k) + 1))
+    ax.plot(
+        baseline_ks if same_baseline else [],
+        [r if r is not None else math.nan for r in groups[0].random_at_k] if same_baseline else [],
+        ls="--",
+        color="grey",
+        label="random baseline (K/N)",
+    )
     ax.set_xlabel("K")
     ax.set_ylabel("Acc@K")
     ax.set_ylim(0, 1.05)
@@ -162,7 +224,7 @@ def figure_echo(metrics: Metrics) -> Figure:
     if not rates:
         return _empty("No conversations to judge for echoing.")
     pairings = sorted({r.pairing for r in rates})
-    conditions = sorted({r.condition for r in rates})
+    conditions = _ordered(r.condition for r in rates)
     width = 0.8 / len(conditions)
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(pairings) + 2), 4))
     extra: list[str] = []
@@ -174,15 +236,24 @@ def figure_echo(metrics: Metrics) -> Figure:
                 continue
             xs.append(i + (j - (len(conditions) - 1) / 2) * width)
             ys.append(r.rate)
-            lo.append(r.rate - (r.ci_low if r.ci_low is not None else r.rate))
-            hi.append((r.ci_high if r.ci_high is not None else r.rate) - r.rate)
-        ax.bar(xs, ys, width=width * 0.95, yerr=[lo, hi], capsize=3,
-               color=_colour(cond, extra), label=cond.upper())
-        for x, y in zip(xs, ys, strict=True):
-            ax.text(x, y + 0.01, f"{y:.0%}", ha="center", va="bottom", fontsize=8)
+            # max(0, ...): matplotlib rejects the -1e-17 that rounding can leave.
+            lo.append(max(0.0, r.rate - (r.ci_low if r.ci_low is not None else r.rate)))
+            hi.append(max(0.0, (r.ci_high if r.ci_high is not None else r.rate) - r.rate))
+        ax.bar(
+            xs,
+            ys,
+            width=width * 0.95,
+            yerr=[lo, hi],
+            capsize=3,
+            color=_colour(cond, extra),
+            label=cond.upper(),
+        )
+        for x, y, h in zip(xs, ys, hi, strict=True):
+            # Above the error bar, so the label never sits on it.
+            ax.text(x, y + h + 0.015, f"{y:.0%}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(pairings)))
     ax.set_xticklabels(pairings, rotation=20 if len(pairings) > 4 else 0)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.1)
     ax.set_ylabel("Echoing rate")
     ax.set_title(f"Echoing rate by pairing and condition ({metrics.echoing.method}, Wilson 95% CI)")
     ax.grid(axis="y", alpha=0.3)
@@ -204,7 +275,7 @@ def _fmt(value: object, digits: int = 3) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return "—"
-        if value != 0 and abs(value) < 10 ** -digits:
+        if value != 0 and abs(value) < 10**-digits:
             return f"{value:.1e}"
         return f"{value:.{digits}f}"
     return str(value)
@@ -212,9 +283,14 @@ def _fmt(value: object, digits: int = 3) -> str:
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows
-    )
+
+    def cell(c: object) -> str:
+        # Numbers right-aligned (the default), words left-aligned.
+        numeric = isinstance(c, (int, float)) or c is None or str(c).startswith(("[", "—"))
+        cls = "" if numeric or " ± " in str(c) else ' class="l"'
+        return f"<td{cls}>{html.escape(_fmt(c))}</td>"
+
+    body = "".join("<tr>" + "".join(cell(c) for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -240,6 +316,10 @@ blockquote{margin:.2rem 0 .2rem 1rem;color:#333;font-size:.88rem}
 """
 
 
+_MAP_CAPTION = "Conversation embeddings (Client side) in 2-D, coloured by persona (cf. SPASM Fig. 3)."
+_ACC_CAPTION = "Persona retrieval Acc@K per pairing × condition; dashed: random baseline (cf. SPASM Fig. 4)."
+
+
 def render_report(metrics: Metrics, per_dialogue: pd.DataFrame) -> str:
     """The report as one HTML string (no external resources)."""
     m = metrics
@@ -251,72 +331,165 @@ def render_report(metrics: Metrics, per_dialogue: pd.DataFrame) -> str:
     }
 
     def fig(key: str, caption: str) -> str:
-        return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{figs[key]}">'
-                f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        return (
+            f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{figs[key]}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
 
     c = m.counts
     summary = _table(
         ["", "value"],
         [
-            ["personas", c.personas], ["dialogues (all statuses)", c.dialogues_total],
-            ["dialogues evaluated (status ok)", c.dialogues_ok], ["utterances", c.utterances],
-            ["Client turns", c.client_turns], ["texts embedded (new)", c.texts_embedded],
-            ["embedding cache hits", c.texts_cached], ["embedder", m.embedder],
-            ["drift mode", m.drift.mode], ["echoing decided by", m.echoing.method],
+            ["personas", c.personas],
+            ["dialogues (all statuses)", c.dialogues_total],
+            ["dialogues evaluated (status ok)", c.dialogues_ok],
+            ["utterances", c.utterances],
+            ["Client turns", c.client_turns],
+            ["texts embedded (new)", c.texts_embedded],
+            ["embedding cache hits", c.texts_cached],
+            ["embedder", m.embedder],
+            ["drift mode", m.drift.mode],
+            ["echoing decided by", m.echoing.method],
         ],
     )
     refs = "".join(
         f"<li><b>{html.escape(d)}</b>: {html.escape(r)}</li>" for d, r in m.drift.references.items()
     )
     comp_rows = [
-        [p.dimension, p.pairing, p.n_pairs, p.mean_ecp, p.mean_concat, p.delta,
-         _ci(p.delta_ci_low, p.delta_ci_high), p.cohen_d, p.p_ttest, p.p_wilcoxon, p.note or ""]
+        [
+            p.dimension,
+            p.pairing,
+            p.n_pairs,
+            p.mean_ecp,
+            p.mean_concat,
+            p.delta,
+            _ci(p.delta_ci_low, p.delta_ci_high),
+            p.cohen_d,
+            p.p_ttest,
+            p.p_wilcoxon,
+            p.note or "",
+        ]
         for p in m.drift.comparisons
     ]
     comparison = (
-        _table(["dimension", "pairing", "pairs", "ECP", "CONCAT", "ΔDrift", "95% CI", "Cohen's d",
-                "p (t)", "p (Wilcoxon)", "note"], comp_rows)
-        if comp_rows else "<p>No ECP/CONCAT pairs in this run.</p>"
+        _table(
+            [
+                "dimension",
+                "pairing",
+                "pairs",
+                "ECP",
+                "CONCAT",
+                "ΔDrift",
+                "95% CI",
+                "Cohen's d",
+                "p (t)",
+                "p (Wilcoxon)",
+                "note",
+            ],
+            comp_rows,
+        )
+        if comp_rows
+        else "<p>No ECP/CONCAT pairs in this run.</p>"
     )
     by_cond = _table(
         ["dimension", "condition", "dialogues", "mean drift (t ≥ 1)", "95% CI"],
-        [[s.dimension, s.condition, s.n_dialogues, s.mean, _ci(s.ci_low, s.ci_high)]
-         for s in m.drift.by_condition],
+        [
+            [s.dimension, s.condition, s.n_dialogues, s.mean, _ci(s.ci_low, s.ci_high)]
+            for s in m.drift.by_condition
+        ],
     )
     sep = _table(
-        ["pairing", "condition", "conversations", "personas", "silhouette", "DBI",
-         "intra (mean ± sd)", "Acc@1", "Acc@5", "Acc@10", "random@1", "note"],
-        [[g.pairing, g.condition, g.n_conversations, g.n_personas, g.silhouette,
-          g.davies_bouldin,
-          "—" if g.intra_mean is None else f"{g.intra_mean:.3f} ± {g.intra_sd or 0:.3f}",
-          g.acc_at_k[0], g.acc_at_k[4] if len(g.acc_at_k) > 4 else None,
-          g.acc_at_k[-1], g.random_at_k[0], g.note or ""] for g in m.separability],
+        [
+            "pairing",
+            "condition",
+            "conversations",
+            "personas",
+            "silhouette",
+            "DBI",
+            "intra (mean ± sd)",
+            "Acc@1",
+            "Acc@5",
+            "Acc@10",
+            "random@1",
+        ],
+        [
+            [
+                g.pairing,
+                g.condition,
+                g.n_conversations,
+                g.n_personas,
+                g.silhouette,
+                g.davies_bouldin,
+                "—" if g.intra_mean is None else f"{g.intra_mean:.3f} ± {g.intra_sd or 0:.3f}",
+                g.acc_at_k[0],
+                g.acc_at_k[4] if len(g.acc_at_k) > 4 else None,
+                g.acc_at_k[-1],
+                g.random_at_k[0],
+            ]
+            for g in m.separability
+        ],
     )
+    # Notes go under the table: as a column they squeeze every other one.
+    sep_notes = [f"{g.pairing} · {g.condition.upper()}: {g.note}" for g in m.separability if g.note]
+    if sep_notes:
+        sep += "<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in sep_notes) + "</ul>"
     echo = _table(
-        ["pairing", "condition", "conversations", "echoing", "rate", "Wilson 95% CI",
-         "by Client", "by Responder"],
-        [[r.pairing, r.condition, r.n, r.n_echoing, r.rate, _ci(r.ci_low, r.ci_high),
-          r.by_client, r.by_responder] for r in [*m.echoing.rates, m.echoing.overall]],
+        [
+            "pairing",
+            "condition",
+            "conversations",
+            "echoing",
+            "rate",
+            "Wilson 95% CI",
+            "by Client",
+            "by Responder",
+        ],
+        [
+            [
+                r.pairing,
+                r.condition,
+                r.n,
+                r.n_echoing,
+                r.rate,
+                _ci(r.ci_low, r.ci_high),
+                r.by_client,
+                r.by_responder,
+            ]
+            for r in [*m.echoing.rates, m.echoing.overall]
+        ],
     )
-    examples = "".join(
-        f"<li><b>{html.escape(e.dialogue_id)}</b> ({html.escape(e.pairing)}, "
-        f"{html.escape(e.condition.upper())}) — {html.escape(e.who)} echoes, score "
-        f"{e.score:.2f}" + "".join(f"<blockquote>{html.escape(q)}</blockquote>" for q in e.evidence)
-        + "</li>"
-        for e in m.echoing.examples
-    ) or "<li>No conversation was flagged.</li>"
+    examples = (
+        "".join(
+            f"<li><b>{html.escape(e.dialogue_id)}</b> ({html.escape(e.pairing)}, "
+            f"{html.escape(e.condition.upper())}) — {html.escape(e.who)} echoes, score "
+            f"{e.score:.2f}"
+            + "".join(f"<blockquote>{html.escape(q)}</blockquote>" for q in e.evidence)
+            + "</li>"
+            for e in m.echoing.examples
+        )
+        or "<li>No conversation was flagged.</li>"
+    )
     agreement = []
     if m.echoing.judge_calls:
-        agreement.append(f"Judge calls: {m.echoing.judge_calls}, fallbacks to the rule: "
-                         f"{m.echoing.judge_fallbacks}; Cohen's κ rule vs judge: "
-                         f"{_fmt(m.echoing.kappa_rule_vs_judge)}.")
+        agreement.append(
+            f"Judge calls: {m.echoing.judge_calls}, fallbacks to the rule: "
+            f"{m.echoing.judge_fallbacks}; Cohen's κ rule vs judge: "
+            f"{_fmt(m.echoing.kappa_rule_vs_judge)}."
+        )
     if m.echoing.kappa_human is not None or m.echoing.human_note:
-        agreement.append(f"Agreement with human labels (Cohen's κ): {_fmt(m.echoing.kappa_human)}"
-                         + (f" — {m.echoing.human_note}" if m.echoing.human_note else "") + ".")
+        agreement.append(
+            f"Agreement with human labels (Cohen's κ): {_fmt(m.echoing.kappa_human)}"
+            + (f" — {m.echoing.human_note}" if m.echoing.human_note else "")
+            + "."
+        )
     notes = [*m.drift.notes]
     if m.drift.mode == "probe":
-        notes.append(f"Probe calls: {m.drift.probe_calls}, fallbacks to the utterance: "
-                     f"{m.drift.probe_fallbacks}.")
+        notes.append(
+            f"Probe calls: {m.drift.probe_calls}, fallbacks to the utterance: {m.drift.probe_fallbacks}."
+        )
+    notes_html = (
+        "<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""
+    )
     timings = ", ".join(f"{k} {v:.1f} s" for k, v in m.timings.items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -330,10 +503,10 @@ def render_report(metrics: Metrics, per_dialogue: pd.DataFrame) -> str:
 <ul class="notes">{refs}</ul>
 <h3>ECP vs CONCAT (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{comparison}
 <h3>By condition</h3>{by_cond}
-{"<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""}
+{notes_html}
 <h2>Persona separability</h2>
-{fig("map", "Conversation embeddings (Client side) in 2-D, coloured by persona (cf. SPASM Fig. 3).")}
-{fig("acc", "Persona retrieval Acc@K per pairing × condition; dashed: random baseline (cf. SPASM Fig. 4).")}
+{fig("map", _MAP_CAPTION)}
+{fig("acc", _ACC_CAPTION)}
 {sep}
 <h2>Echoing</h2>
 {fig("echo", "Share of conversations in which one side mirrored the other (cf. SPASM Table 4).")}

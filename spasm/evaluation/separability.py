@@ -96,13 +96,18 @@ def retrieval_accuracy(
         n_candidates = np.where(own_counts >= 2, (counts > 0).sum(), (counts > 0).sum() - 1)
     n_queries = int(query.sum())
     if n_queries == 0:
-        return none, none, 0, "no persona has 2+ conversations, so nothing can be retrieved by centroid"
+        return (
+            none,
+            none,
+            0,
+            "no persona has 2+ conversations, so nothing can be retrieved by centroid",
+        )
     true = sims[np.arange(len(labels)), label_idx]
     ranks = 1 + (sims > true[:, None]).sum(axis=1)
     ranks, n_candidates = ranks[query], n_candidates[query]
-    acc: list[float | None] = [float(np.mean(ranks <= k)) for k in range(1, k_max + 1)]
+    acc: list[float | None] = [round(float(np.mean(ranks <= k)), 6) for k in range(1, k_max + 1)]
     rand: list[float | None] = [
-        float(np.mean(np.minimum(1.0, k / n_candidates))) for k in range(1, k_max + 1)
+        round(float(np.mean(np.minimum(1.0, k / n_candidates))), 6) for k in range(1, k_max + 1)
     ]
     return acc, rand, n_queries, None
 
@@ -157,16 +162,22 @@ def separability_scores(
     intra_sd = float(np.std(intra, ddof=1)) if len(intra) >= 2 else (0.0 if intra else None)
     if not intra:
         notes.append("intra-persona distance needs a persona with 2+ conversations")
-    acc, rand, n_queries, note = retrieval_accuracy(
-        x, labels, retrieval=retrieval, cards=cards, k_max=k_max
-    )
+    acc, rand, n_queries, note = retrieval_accuracy(x, labels, retrieval=retrieval, cards=cards, k_max=k_max)
     if note:
         notes.append(note)
     for value in (silhouette, dbi):
         if value is not None and not math.isfinite(value):
             notes.append("a score was not finite")
     return SeparabilityScores(
-        n_conversations=n, n_personas=k, silhouette=silhouette, davies_bouldin=dbi,
-        intra_mean=intra_mean, intra_sd=intra_sd, retrieval=retrieval, n_queries=n_queries,
-        acc_at_k=acc, random_at_k=rand, notes=notes,
+        n_conversations=n,
+        n_personas=k,
+        silhouette=silhouette,
+        davies_bouldin=dbi,
+        intra_mean=intra_mean,
+        intra_sd=intra_sd,
+        retrieval=retrieval,
+        n_queries=n_queries,
+        acc_at_k=acc,
+        random_at_k=rand,
+        notes=notes,
     )

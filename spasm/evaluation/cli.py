@@ -1,0 +1,239 @@
+"""The ``eval``, ``compare`` and ``import`` sub-commands (wired in by ``spasm/cli.py``).
+
+Each handler takes the parsed :class:`argparse.Namespace` and returns an exit code; bad
+input raises :class:`spasm.errors.UserError`, which the main CLI turns into exit code 2.
+Choices are checked here, not by argparse, so that the error is a ``UserError`` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from spasm.errors import UserError
+
+__all__ = ["cmd_compare", "cmd_eval", "cmd_import", "register"]
+
+
+def _add_eval_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (runs/<name>)")
+    p.add_argument(
+        "--embedder",
+        metavar="NAME",
+        default="local",
+        help="embedding model: local (default, offline MiniLM), openai, sentence-transformers",
+    )
+    p.add_argument(
+        "--embedding-model",
+        metavar="MODEL",
+        default=None,
+        help="model name for --embedder openai / sentence-transformers",
+    )
+    p.add_argument(
+        "--embedding-base-url",
+        metavar="URL",
+        default=None,
+        help="base URL of an OpenAI-compatible embeddings endpoint",
+    )
+    p.add_argument(
+        "--embedding-api-key-env",
+        metavar="VAR",
+        default="OPENAI_API_KEY",
+        help="NAME of the environment variable with the embeddings key ('none': the endpoint needs no key)",
+    )
+    p.add_argument(
+        "--mode",
+        metavar="cheap|probe",
+        default="cheap",
+        help="drift mode: cheap (utterances, default) or probe (LLM-stated stances)",
+    )
+    p.add_argument(
+        "--judge", action="store_true", help="decide echoing with an LLM judge (needs --llm-model)"
+    )
+    p.add_argument("--llm-model", metavar="MODEL", default=None, help="chat model for --mode probe / --judge")
+    p.add_argument(
+        "--llm-base-url",
+        metavar="URL",
+        default=None,
+        help="base URL of the OpenAI-compatible chat endpoint for probe/judge",
+    )
+    p.add_argument(
+        "--llm-api-key-env",
+        metavar="VAR",
+        default="OPENAI_API_KEY",
+        help="NAME of the environment variable with the chat key ('none': no key)",
+    )
+    p.add_argument(
+        "--retrieval",
+        metavar="card|centroid",
+        default="card",
+        help="Acc@K against persona cards (card, default) or leave-one-out centroids",
+    )
+    p.add_argument("--concurrency", metavar="N", type=int, default=8, help="LLM calls in flight")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add the ``eval``, ``compare`` and ``import`` sub-commands to the main parser."""
+    p = subparsers.add_parser(
+        "eval",
+        help="measure drift, echoing and persona separability of a run",
+        description="Compute drift, echoing and persona separability; write RUN_DIR/eval/"
+        "metrics.json and a self-contained report.html.",
+    )
+    _add_eval_options(p)
+    p.add_argument("--out", metavar="DIR", default=None, help="output directory (default RUN_DIR/eval)")
+    p.set_defaults(func=cmd_eval)
+
+    p = subparsers.add_parser(
+        "compare",
+        help="print the ECP-vs-CONCAT and per-pairing comparison of a run",
+        description="Print the comparison tables from RUN_DIR/eval/metrics.json, "
+        "computing it first when missing (or with --recompute).",
+    )
+    _add_eval_options(p)
+    p.add_argument("--recompute", action="store_true", help="re-run the evaluation first")
+    p.set_defaults(func=cmd_compare)
+
+    p = subparsers.add_parser(
+        "import",
+        help="convert a SPASM release JSONL file into a run directory",
+        description="Convert the public SPASM release JSONL into personas/dialogues/turns "
+        "Parquet tables that `spasm eval` reads.",
+    )
+    p.add_argument("file", metavar="FILE.jsonl", help="the release file")
+    p.add_argument("--out", metavar="DIR", required=True, help="run directory to create")
+    p.add_argument(
+        "--condition",
+        metavar="ecp|concat",
+        default="ecp",
+        help="condition for records without one: ecp (default) or concat",
+    )
+    p.add_argument(
+        "--pairing",
+        metavar="LABEL",
+        default="unknown",
+        help="pairing label for records without one (e.g. gpt/deepseek)",
+    )
+    p.add_argument("--force", action="store_true", help="replace tables already in --out")
+    p.set_defaults(func=cmd_import)
+
+
+def _require_extras() -> None:
+    """Turn a missing optional dependency into a UserError that says what to install."""
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+        import scipy  # noqa: F401
+        import sklearn  # noqa: F401
+    except ImportError as exc:
+        raise UserError(
+            f"Evaluation needs the 'eval' extra ({exc.name} is missing): pip install 'spasm[eval]'."
+        ) from exc
+
+
+def _key_env(value: str) -> str | None:
+    return None if value.strip().lower() in ("none", "") else value
+
+
+def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
+    _require_extras()
+    from spasm.evaluation.embeddings import available_embedders
+    from spasm.evaluation.llm import openai_chat_fn
+    from spasm.evaluation.pipeline import evaluate
+
+    if args.mode not in ("cheap", "probe"):
+        raise UserError(f"--mode must be cheap or probe, not {args.mode!r}.")
+    if args.retrieval not in ("card", "centroid"):
+        raise UserError(f"--retrieval must be card or centroid, not {args.retrieval!r}.")
+    if args.embedder not in available_embedders():
+        raise UserError(
+            f"--embedder must be one of {', '.join(available_embedders())}, not {args.embedder!r}."
+        )
+    if args.concurrency < 1:
+        raise UserError("--concurrency must be at least 1.")
+    if not Path(args.run_dir).is_dir():
+        raise UserError(f"Run directory {args.run_dir} does not exist.")
+    options: dict[str, Any] = {}
+    if args.embedder == "openai":
+        options = {
+            "base_url": args.embedding_base_url,
+            "api_key_env": _key_env(args.embedding_api_key_env),
+        }
+        if args.embedding_model:
+            options["model"] = args.embedding_model
+    elif args.embedder == "sentence-transformers" and args.embedding_model:
+        options = {"model": args.embedding_model}
+    chat = None
+    if args.mode == "probe" or args.judge:
+        if not args.llm_model:
+            raise UserError(
+                "--mode probe and --judge need an LLM: pass --llm-model (and "
+                "--llm-base-url for a non-OpenAI endpoint)."
+            )
+        chat = openai_chat_fn(
+            model=args.llm_model,
+            base_url=args.llm_base_url,
+            api_key_env=_key_env(args.llm_api_key_env),
+        )
+    return evaluate(
+        args.run_dir,
+        embedder=args.embedder,
+        embedder_options=options,
+        mode=args.mode,
+        chat=chat,
+        judge=args.judge,
+        retrieval=args.retrieval,
+        out_dir=out,
+        concurrency=args.concurrency,
+        progress=False if args.no_progress else None,
+    )
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``spasm eval``: evaluate and write metrics.json, per_dialogue.parquet, report.html."""
+    from spasm.evaluation.pipeline import EVAL_DIRNAME
+
+    metrics = _evaluate(args, args.out)
+    out = Path(args.out) if args.out else Path(args.run_dir) / EVAL_DIRNAME
+    c = metrics.counts
+    print(
+        f"Evaluated {c.dialogues_ok} dialogues ({c.utterances} utterances; "
+        f"{c.texts_embedded} texts embedded, {c.texts_cached} from cache) in "
+        f"{metrics.timings.get('total', 0):.1f} s."
+    )
+    o = metrics.echoing.overall
+    if o.rate is not None:
+        print(f"Echoing ({metrics.echoing.method}): {o.n_echoing}/{o.n} = {o.rate:.1%}")
+    print(f"Wrote {out / 'metrics.json'}")
+    print(f"Wrote {out / 'report.html'}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``spasm compare``: print the comparison tables (evaluating first when needed)."""
+    from spasm.evaluation.compare import comparison_text
+    from spasm.evaluation.pipeline import EVAL_DIRNAME, METRICS_FILE, load_metrics
+
+    path = Path(args.run_dir) / EVAL_DIRNAME / METRICS_FILE
+    fresh = args.recompute or not path.is_file()
+    metrics = _evaluate(args, None) if fresh else load_metrics(path)
+    sys.stdout.write(comparison_text(metrics))
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """``spasm import``: convert a SPASM release JSONL into run tables."""
+    from spasm.evaluation.importer import import_spasm_jsonl
+
+    summary = import_spasm_jsonl(
+        args.file, args.out, condition=args.condition, pairing=args.pairing, overwrite=args.force
+    )
+    counts = summary["counts"]
+    print(
+        f"Imported {counts['dialogues']} dialogues, {counts['personas']} personas and "
+        f"{counts['turns']} turns into {args.out}. Next: spasm eval {args.out}"
+    )
+    return 0
