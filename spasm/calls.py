@@ -170,6 +170,8 @@ class Caller:
             for name, b in backends.items()
         }
         self._rng = random.Random()
+        #: Distinguishes the call ids of passes of a resumed run (a retried dialogue logs again).
+        self.pass_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
 
     def _check_budget(self) -> None:
         if self.max_cost is not None and self.usage.cost >= self.max_cost:
@@ -206,7 +208,7 @@ class Caller:
         self.usage.outcomes[outcome] += 1
         scope.records.append(
             {
-                "call_id": scope.next_id(),
+                "call_id": f"{self.pass_id}:{scope.next_id()}",
                 "dialogue_id": scope.dialogue_id,
                 "persona_id": scope.persona_id,
                 "role": role,

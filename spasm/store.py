@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 _ts = pa.timestamp("us", tz="UTC")
 
@@ -76,6 +77,16 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("checker_verdict", pa.string()),
             ("flagged", pa.bool_()),
             ("messages_sha256", pa.string()),
+            # The Persona Harness (SPEC §4); empty at level A unless noted.
+            ("flag_reason", pa.string()),  # failed_twice | checker_unavailable
+            ("intent", pa.string()),  # small_talk | venting | advice_seeking | task
+            ("state", pa.string()),  # the speaker's state after this turn (JSON; level C+)
+            ("state_clips", pa.int32()),  # values the reducer's hard constraints clipped
+            ("state_log", pa.string()),  # JSON: clips, decays, fallback
+            ("harness_fallbacks", pa.int32()),  # harness calls that fell back this turn
+            ("cached_prompt_tokens", pa.int64()),  # estimate: prompt tokens a prefix cache serves
+            ("messages", pa.string()),  # JSON: the exact messages seen (level B+)
+            ("probe", pa.string()),  # JSON: recall probe, on each speaker's last turn
         ]
     ),
     "calls": pa.schema(
@@ -135,6 +146,9 @@ def persona_schema(field_names: Iterable[str], integer_fields: set[str]) -> pa.S
         ("verdicts", pa.string()),
         ("schema_name", pa.string()),
         ("schema_version", pa.string()),
+        # The CharacterPolicy compiled from the card (JSON) and its version (SPEC §4.1).
+        ("policy", pa.string()),
+        ("policy_version", pa.string()),
     ]
     return pa.schema(cols)
 
@@ -159,6 +173,23 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _dedupe_sorted(table: pa.Table, keys: list[str]) -> pa.Table:
+    """Drop rows whose keys equal the previous row's (the table is sorted by ``keys``).
+
+    Pure Arrow, so compaction holds the table once rather than once more as pandas.
+    """
+    if table.num_rows < 2:
+        return table
+    changed = None
+    for k in keys:
+        col = table.column(k)
+        diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, table.num_rows - 1)), True)
+        changed = diff if changed is None else pc.or_(changed, diff)
+    assert changed is not None
+    mask = pa.concat_arrays([pa.array([True]), *changed.chunks])
+    return table.filter(mask)
 
 
 class RunStore:
@@ -265,10 +296,7 @@ class RunStore:
         assert data is not None
         keys = [k for k in KEYS.get(table, []) if k in data.column_names]
         if keys:
-            data = data.sort_by([(k, "ascending") for k in keys])
-            df = data.to_pandas()
-            mask = ~df.duplicated(subset=keys, keep="first")
-            data = data.filter(pa.array(mask.to_numpy()))
+            data = _dedupe_sorted(data.sort_by([(k, "ascending") for k in keys]), keys)
         name = f"part-compacted-{uuid.uuid4().hex[:8]}.parquet"
         tmp = self.tmp / name
         pq.write_table(data, tmp, compression="zstd")

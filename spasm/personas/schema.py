@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -166,6 +167,16 @@ def default_schema_path() -> Path:
 def load_schema(path: str | Path | None = None) -> PersonaSchema:
     """Read and validate a persona schema file (the bundled one by default)."""
     p = Path(path) if path is not None else default_schema_path()
+    try:
+        stamp = p.stat().st_mtime_ns
+    except OSError as exc:
+        raise ConfigError(f"Cannot read persona schema {p}: {exc.strerror}") from None
+    return _load_schema(p.resolve(), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_schema(p: Path, stamp: int) -> PersonaSchema:
+    """Parse once per file version (schemas are immutable models, so sharing is safe)."""
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as exc:
