@@ -19,16 +19,20 @@ from spasm.projection import SPEAKER_LABELS, Message, Viewer, project
 END_MARKER = "<END>"
 
 
-def client_system_prompt(card: str, responder_role: str) -> str:
-    """The Client's frame: its persona card and how to behave in the conversation."""
+def client_instructions(responder_role: str) -> str:
+    """How the Client behaves in the conversation (its frame without the persona card)."""
     return (
-        f"{card}\n\n"
         f"You are talking with a {responder_role}. You are the person seeking help: stay this "
         "person throughout, with your own concern, feelings and way of speaking, and speak only "
         "for yourself, in the first person. Do not give advice, do not offer help and do not take "
         f"over the {responder_role}'s role. Write short chat messages (one to three sentences). "
         "When your concern is settled or you want to leave, say goodbye naturally."
     )
+
+
+def client_system_prompt(card: str, responder_role: str) -> str:
+    """The Client's frame: its persona card and how to behave in the conversation."""
+    return f"{card}\n\n{client_instructions(responder_role)}"
 
 
 def responder_system_prompt(role: str, instructions: str | None = None) -> str:
@@ -89,19 +93,33 @@ class Agent:
         """What this agent sees now: Ψ(history, self)."""
         return project(history, self.viewer, condition)
 
+    async def generate(
+        self,
+        messages: list[Message],
+        caller: Caller,
+        scope: CallScope,
+        seed: int,
+        *,
+        role: str | None = None,
+    ) -> tuple[str, Completion]:
+        """One utterance from exactly these messages; ``role`` names the call in the log
+        (default: the speaker; the harness uses ``rewrite`` for its second attempt)."""
+        request = ChatRequest(
+            messages=tuple(messages), temperature=self.temperature,
+            max_tokens=self.max_tokens, seed=seed,
+        )
+        completion = await caller.complete(role or self.speaker, self.backend, request, scope)
+        text = clean_reply(completion.text, completion.finish_reason == "length")
+        if not text:
+            text = completion.text.strip()
+        return text, completion
+
     async def reply(
         self, history: History, condition: str, caller: Caller, scope: CallScope, seed: int
     ) -> tuple[str, Completion, list[Message]]:
         """Generate this agent's next utterance from its own projected context."""
         messages = self.messages(history, condition)
-        request = ChatRequest(
-            messages=tuple(messages), temperature=self.temperature,
-            max_tokens=self.max_tokens, seed=seed,
-        )
-        completion = await caller.complete(self.speaker, self.backend, request, scope)
-        text = clean_reply(completion.text, completion.finish_reason == "length")
-        if not text:
-            text = completion.text.strip()
+        text, completion = await self.generate(messages, caller, scope, seed)
         return text, completion, messages
 
 

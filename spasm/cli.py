@@ -70,12 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_generate(sub)
     _add_personas(sub)
-    try:
-        from spasm.evaluation.cli import register
-    except ImportError:  # evaluation extras not installed
-        pass
-    else:
-        register(sub)
+    from spasm.evaluation.cli import register as register_eval
+    from spasm.harness.cli import register as register_harness
+
+    register_harness(sub)
+    register_eval(sub)
     return parser
 
 

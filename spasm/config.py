@@ -121,13 +121,71 @@ class EngineConfig(_Strict):
     """Run-engine settings (SPEC §6)."""
 
     max_dialogues_in_flight: int | None = Field(
-        None, ge=1, description="default: enough to keep every backend's slots busy"
+        None, ge=1, description="default: twice the request slots of the backends in use"
     )
     flush_every: int = Field(32, ge=1, description="completed dialogues per Parquet part")
     cache: bool = True
     max_cost: float | None = Field(None, ge=0)
     max_tokens: int | None = Field(None, ge=1)
     reask_attempts: int = Field(2, ge=0, le=5)
+
+
+HarnessLevel = Literal["A", "B", "C", "D", "E"]
+
+
+class HarnessConfig(_Strict):
+    """The Persona Harness around each agent (SPEC §4) and its A–E ablation.
+
+    Levels: A persona prompt only (the projection of the whole history); B + rolling window
+    and structured context of older turns; C + external state through the reducer (and the
+    persona compiled into a policy); D + example retrieval; E + verify and rewrite.
+    """
+
+    client: HarnessLevel = "A"
+    responder: HarnessLevel = "A"
+    #: Sweep: one dialogue per level (both agents at it) for every persona, seed and condition.
+    levels: list[HarnessLevel] | None = None
+    window: int = Field(6, ge=2, le=100, description="utterances kept verbatim (level B and up)")
+    stride: int = Field(
+        4, ge=1, le=100, description="older utterances are summarised in steps of this many"
+    )
+    context: Literal["rules", "llm"] = "rules"
+    #: Compile each card into its policy with an LLM call (role ``policy``); ``false`` uses
+    #: only the baseline policy derived in code from the persona's fields (no call).
+    extract_policy: bool = True
+    #: Backend for the harness's own calls (policy, reducer, context, checker, probe);
+    #: default: the backend of the agent being wrapped.
+    backend: str | None = None
+    temperature: float = Field(0.3, ge=0, le=2, description="harness structured calls")
+    state_items: int = Field(4, ge=3, le=5, description="state items shown in the prompt")
+    never_in_prompt: int = Field(5, ge=1, le=10, description="never-boundaries shown")
+    examples: int = Field(4, ge=1, le=10, description="retrieved examples (SPEC: 4-5)")
+    prefilter: int = Field(50, ge=1, le=10_000, description="lexical pre-filter size")
+    corpus: str | None = Field(None, description="JSONL file of extra in-character examples")
+    pass_threshold: int = Field(70, ge=0, le=100, description="checker: overall score to pass")
+    boundary_floor: int = Field(50, ge=0, le=100, description="checker: boundary score to pass")
+    reducer_max_tokens: int = Field(256, ge=32)
+    checker_max_tokens: int = Field(192, ge=32)
+    #: Run the checker on every accepted reply below level E too (role ``audit``, no rewrite),
+    #: so the boundary-violation rate can be compared across levels.
+    audit: bool = False
+    #: After each dialogue, ask each agent what its partner said first (role ``probe``).
+    recall_probe: bool = False
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError("levels must be a non-empty list without repeats, e.g. [A, E]")
+        return v
+
+    @property
+    def active(self) -> bool:
+        """Whether anything differs from plain level-A generation."""
+        return bool(
+            (self.levels and self.levels != ["A"])
+            or self.client != "A" or self.responder != "A" or self.audit or self.recall_probe
+        )
 
 
 class RunConfig(_Strict):
@@ -145,6 +203,7 @@ class RunConfig(_Strict):
     dialogue: DialogueConfig = DialogueConfig()
     termination: TerminationConfig = TerminationConfig()
     engine: EngineConfig = EngineConfig()
+    harness: HarnessConfig = HarnessConfig()
 
     @field_validator("conditions")
     @classmethod
@@ -172,6 +231,8 @@ class RunConfig(_Strict):
             refs.append((self.personas.backend, "personas.backend"))
         if self.termination.judge_backend:
             refs.append((self.termination.judge_backend, "termination.judge_backend"))
+        if self.harness.backend:
+            refs.append((self.harness.backend, "harness.backend"))
         for ref, where in refs:
             if ref not in names:
                 raise ValueError(f"{where} names backend {ref!r}, not one of {sorted(names)}")

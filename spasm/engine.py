@@ -84,14 +84,23 @@ def _version(pkg: str) -> str:
 
 def plan(config: RunConfig, personas: list[dict[str, Any]]) -> Iterator[DialogueSpec]:
     """Every dialogue of the run, in a stable order. The seed depends on the persona and the
-    conversation index only, so every pairing and condition of a conversation shares it."""
+    conversation index only, so every pairing, condition and harness level of a conversation
+    shares it. A harness sweep (``harness.levels``) adds one dialogue per level, with the level
+    at the end of its id; without a sweep ids are unchanged and both agents take their
+    configured level."""
+    h = config.harness
+    sweep: list[tuple[str, tuple[str, str]]] = (
+        [(f"-{level}", (level, level)) for level in h.levels] if h.levels else
+        [("", (h.client, h.responder))]
+    )
     for persona in personas:
         for k in range(config.conversations_per_persona):
             seed = derive_seed(config.seed, persona["persona_id"], k)
             for pairing in config.pairing_list:
                 for condition in config.conditions:
                     did = f"{persona['persona_id']}-k{k}-{pairing.client}-{pairing.responder}-{condition}"
-                    yield DialogueSpec(did, persona, k, condition, pairing, seed)
+                    for suffix, levels in sweep:
+                        yield DialogueSpec(did + suffix, persona, k, condition, pairing, seed, levels)
 
 
 def make_backends(config: RunConfig) -> dict[str, Backend]:
@@ -126,6 +135,7 @@ class Engine:
         self._simulate = simulate
         self.sleep_scale = sleep_scale
         self.store = RunStore(self.run_dir)
+        self._started = ""
 
     # -- set-up ----------------------------------------------------------------------------
     def _check_run_dir(self) -> None:
@@ -216,7 +226,9 @@ class Engine:
         used = {p.client for p in self.config.pairing_list} | {
             p.responder for p in self.config.pairing_list
         }
-        return max(1, sum(backends[b].max_concurrency for b in used))
+        # Twice the request slots: a slot would otherwise idle while its dialogue is between
+        # calls (building the next prompt, checking termination) and in the last partial wave.
+        return max(1, 2 * sum(backends[b].max_concurrency for b in used))
 
     # -- the run ---------------------------------------------------------------------------
     async def run(self, *, only: set[str] | None = None) -> RunSummary:
@@ -257,6 +269,7 @@ class Engine:
             sleep_scale=self.sleep_scale,
         )
         summary = RunSummary(self.run_dir)
+        self._started = started
         self._manifest(summary, caller, "running", started)
         finished = False
         try:
@@ -317,6 +330,7 @@ class Engine:
                 }
                 name = f"{batch_no:06d}-{datetime.now(UTC).strftime('%H%M%S%f')}"
                 await anyio.to_thread.run_sync(self.store.write_batch, name, tables)
+                self._manifest(summary, caller, "running", self._started)  # live progress
 
         send, receive = anyio.create_memory_object_stream[DialogueSpec](0)
 

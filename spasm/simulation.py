@@ -17,6 +17,9 @@ from spasm.agents import (
 from spasm.calls import Caller, CallScope
 from spasm.config import PairingConfig, RunConfig
 from spasm.errors import BudgetExceededError
+from spasm.harness.levels import level_label
+from spasm.harness.prompt import PrefixTracker, messages_json
+from spasm.harness.runtime import AgentHarness, TurnResult
 from spasm.history import History
 from spasm.projection import Message, Viewer
 from spasm.termination import JudgeDetector, RuleDetector, TerminationChain
@@ -32,6 +35,8 @@ class DialogueSpec:
     condition: str
     pairing: PairingConfig
     seed: int
+    #: Harness level (A–E) of the Client and of the Responder (SPEC §4).
+    levels: tuple[str, str] = ("A", "A")
 
 
 @dataclass
@@ -90,6 +95,12 @@ def reconstruct_messages(
     """
     from spasm.projection import project
 
+    stored = turns[turn_index].get("messages")
+    if isinstance(stored, str) and stored:
+        # Harnessed turns (level B and up) store what they saw: it depends on model calls
+        # (state, context, checker advice) that cannot be recomputed from the text alone.
+        seen: list[Message] = json.loads(stored)
+        return seen
     history = History()
     for t in turns[:turn_index]:
         history = history.append(t["speaker"], t["text"])
@@ -98,11 +109,40 @@ def reconstruct_messages(
     return project(history, Viewer(speaker, prompt), dialogue["condition"])
 
 
-async def simulate_dialogue(
-    spec: DialogueSpec, config: RunConfig, caller: Caller, *, harness_level: str = "none"
-) -> DialogueResult:
+def _turn_row(
+    spec: DialogueSpec, index: int, speaker: str, r: TurnResult, attempts: int
+) -> dict[str, Any]:
+    return {
+        "dialogue_id": spec.dialogue_id,
+        "turn_index": index,
+        "speaker": speaker,
+        "text": r.text,
+        "n_tokens": r.completion.completion_tokens,
+        "prompt_tokens": r.completion.prompt_tokens,
+        "latency_s": r.completion.latency_s,
+        "attempts": attempts,
+        "checker_verdict": json.dumps(r.verdict, ensure_ascii=False) if r.verdict else None,
+        "flagged": r.flagged,
+        "messages_sha256": messages_digest(r.messages),
+        "flag_reason": r.flag_reason,
+        "intent": r.intent,
+        "state": r.state.to_json() if r.state is not None else None,
+        "state_clips": len(r.reduction.clips) if r.reduction else 0,
+        "state_log": r.reduction.log() if r.reduction else None,
+        "harness_fallbacks": r.fallbacks,
+        "cached_prompt_tokens": r.cached_prompt_tokens,
+        "messages": messages_json(r.messages) if r.stored_messages else None,
+        "probe": None,
+    }
+
+
+async def simulate_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueResult:
     """Run one dialogue to its end; failures are returned as an error row, never raised
-    (except a budget stop, which ends the whole run)."""
+    (except a budget stop, which ends the whole run).
+
+    Each agent runs inside its :class:`~spasm.harness.runtime.AgentHarness` at the level of
+    ``spec.levels``; at level A that is the plain agent, request for request.
+    """
     client, responder = build_agents(spec, config)
     chain = build_chain(config, caller, spec)
     scope = CallScope(dialogue_id=spec.dialogue_id, persona_id=spec.persona["persona_id"])
@@ -110,36 +150,36 @@ async def simulate_dialogue(
     turns: list[dict[str, Any]] = []
     result = DialogueResult(spec)
     reason, detail = "max_turns", f"cap of {config.dialogue.max_turns_per_agent} turns per agent"
+    # The cache estimate costs a token count per call: only harness runs report it.
+    tracker = PrefixTracker(16) if config.harness.active else PrefixTracker(0)
+    harness = {
+        agent.speaker: AgentHarness(agent, level, config, spec.persona, tracker)
+        for agent, level in zip((client, responder), spec.levels, strict=True)
+    }
     try:
+        for h in harness.values():
+            await h.setup(caller, scope)
         for _ in range(config.dialogue.max_turns_per_agent):
             for agent in (client, responder):
                 index = len(history)
                 seed = derive_seed(spec.seed, index, agent.speaker)
                 n_records = len(scope.records)
-                text, completion, seen = await agent.reply(
-                    history, spec.condition, caller, scope, seed
+                r = await harness[agent.speaker].turn(history, spec.condition, caller, scope, seed)
+                attempts = sum(
+                    1 for rec in scope.records[n_records:] if rec["role"] in (agent.speaker, "rewrite")
                 )
-                attempts = sum(1 for r in scope.records[n_records:] if r["role"] == agent.speaker)
-                history = history.append(agent.speaker, text)
-                turns.append(
-                    {
-                        "dialogue_id": spec.dialogue_id,
-                        "turn_index": index,
-                        "speaker": agent.speaker,
-                        "text": text,
-                        "n_tokens": completion.completion_tokens,
-                        "prompt_tokens": completion.prompt_tokens,
-                        "latency_s": completion.latency_s,
-                        "attempts": attempts,
-                        "checker_verdict": None,
-                        "flagged": False,
-                        "messages_sha256": messages_digest(seen),
-                    }
-                )
+                history = history.append(agent.speaker, r.text)
+                turns.append(_turn_row(spec, index, agent.speaker, r, attempts))
             stop = await chain.check(history, scope)
             if stop is not None:
                 reason, detail = stop.reason, stop.detail
                 break
+        if config.harness.recall_probe:
+            for speaker, h in harness.items():
+                answer = await h.probe(history, spec.condition, caller, scope, spec.seed)
+                own = [t for t in turns if t["speaker"] == speaker]
+                if answer is not None and own:
+                    own[-1]["probe"] = json.dumps(answer, ensure_ascii=False)
     except BudgetExceededError:
         raise
     except Exception as exc:
@@ -164,7 +204,7 @@ async def simulate_dialogue(
         "persona_id": spec.persona["persona_id"],
         "conversation_index": spec.conversation_index,
         "condition": spec.condition,
-        "harness_level": harness_level,
+        "harness_level": level_label(*spec.levels),
         "pairing": spec.pairing.label,
         "client_backend": spec.pairing.client,
         "client_model": backends[spec.pairing.client].model,
@@ -172,8 +212,8 @@ async def simulate_dialogue(
         "responder_model": backends[spec.pairing.responder].model,
         "seed": spec.seed,
         "responder_role": config.dialogue.responder_role,
-        "client_system_prompt": client.viewer.system_prompt,
-        "responder_system_prompt": responder.viewer.system_prompt,
+        "client_system_prompt": harness["client"].system_prompt,
+        "responder_system_prompt": harness["responder"].system_prompt,
         "n_utterances": len(history),
         "termination_reason": reason,
         "termination_detail": detail,

@@ -97,7 +97,8 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
             srv.base_url, personas={"n": 8},
             backends={"srv": {"kind": "openai", "base_url": srv.base_url, "model": "m",
                               "max_concurrency": 2}},
-            engine={"flush_every": 100},
+            # Two dialogues of 8 calls in flight: after 20 requests at least one has finished.
+            engine={"flush_every": 100, "max_dialogues_in_flight": 2},
         )
         cfg = tmp_path / "c.json"
         cfg.write_text(json.dumps(data))

@@ -55,12 +55,23 @@ async def build_personas(
     validator_temperature: float = 0.3,
     crafter_temperature: float = 0.7,
     max_draws_per_persona: int = 200,
+    extract_policy: bool = False,
+    responder_role: str = "customer-service agent",
+    policy_temperature: float = 0.3,
 ) -> PersonaSet:
-    """Draw candidates until ``n`` pass the rules (and the LLM check, if on); craft their cards."""
+    """Draw candidates until ``n`` pass the rules (and the LLM check, if on); craft their cards.
+
+    With ``extract_policy`` each accepted persona's card is also compiled into a
+    :class:`~spasm.harness.policy.CharacterPolicy` (SPEC §4.1), stored as the ``policy`` JSON
+    column with its ``policy_version``; an unusable extraction stores the baseline policy
+    derived from the fields and counts in ``llm_fallbacks``.
+    """
     from spasm.calls import CallScope
 
-    if (llm_validate or llm_craft) and (caller is None or backend is None):
-        raise ConfigError("LLM validation or crafting needs a backend (personas.backend)")
+    if (llm_validate or llm_craft or extract_policy) and (caller is None or backend is None):
+        raise ConfigError(
+            "LLM validation, crafting or policy extraction needs a backend (personas.backend)"
+        )
     out = PersonaSet()
     max_draws = n * max_draws_per_persona
     reasons: Counter[str] = Counter()
@@ -122,6 +133,17 @@ async def build_personas(
                 out.llm_fallbacks += 1
                 verdicts.append({"stage": "crafter", "valid": True,
                                  "reason": f"rewrite failed ({type(exc).__name__}); template kept"})
+        policy: dict[str, Any] = {}
+        if extract_policy:
+            from spasm.harness.policy import POLICY_VERSION, extract_client_policy
+
+            assert caller is not None and backend is not None
+            compiled, fell_back = await extract_client_policy(
+                caller, backend, {**fields, "card": card}, responder_role, scope,
+                temperature=policy_temperature, seed=seed + draws,
+            )
+            out.llm_fallbacks += fell_back
+            policy = {"policy": compiled.to_json(), "policy_version": POLICY_VERSION}
         out.accepted.append(
             {
                 "persona_id": pid,
@@ -133,6 +155,7 @@ async def build_personas(
                 "verdicts": json.dumps(verdicts),
                 "schema_name": schema.name,
                 "schema_version": schema.schema_version,
+                **policy,
                 "_calls": scope.records,
             }
         )
