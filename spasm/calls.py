@@ -317,22 +317,26 @@ class Caller:
             )
             completion = await self.complete(role, backend_name, request, scope)
             try:
-                return schema.model_validate_json(_strip_fences(completion.text))
+                # strict=False: llama.cpp grammars let raw newlines into JSON strings.
+                data = json.loads(_strip_fences(completion.text), strict=False)
+                return schema.model_validate(data)
+            except json.JSONDecodeError as exc:
+                error = f"not valid JSON: {exc.msg} at position {exc.pos}"
             except ValidationError as exc:
-                scope.records[-1]["outcome"] = "invalid_output"
-                scope.records[-1]["error"] = _short_error(exc)
-                if ask == self.reask_attempts:
-                    return None
-                convo = [
-                    *convo,
-                    {"role": "assistant", "content": completion.text},
-                    {
-                        "role": "user",
-                        "content": "That reply did not validate: "
-                        f"{_short_error(exc)}. Reply again with only a JSON object that follows "
-                        f"this schema: {json.dumps(json_schema)}",
-                    },
-                ]
+                error = _short_error(exc)
+            scope.records[-1]["outcome"] = "invalid_output"
+            scope.records[-1]["error"] = error
+            if ask == self.reask_attempts:
+                return None
+            convo = [
+                *convo,
+                {"role": "assistant", "content": completion.text},
+                {
+                    "role": "user",
+                    "content": f"That reply did not validate: {error}. Reply again with only a "
+                    f"JSON object that follows this schema: {json.dumps(json_schema)}",
+                },
+            ]
         return None
 
 

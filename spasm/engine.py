@@ -110,6 +110,8 @@ def make_backends(config: RunConfig) -> dict[str, Backend]:
         used.add(config.personas.backend)
     if config.termination.judge_backend:
         used.add(config.termination.judge_backend)
+    if config.harness.backend:
+        used.add(config.harness.backend)
     return {name: make_backend(name, config.backends[name]) for name in sorted(used)}
 
 
@@ -212,6 +214,9 @@ class Engine:
             llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
             validator_temperature=temps.validator, crafter_temperature=temps.crafter,
             max_draws_per_persona=pc.max_draws_per_persona,
+            extract_policy=self._needs_policy(),
+            responder_role=self.config.dialogue.responder_role,
+            policy_temperature=self.config.harness.temperature,
         )
         calls = [c for p in result.accepted for c in p.pop("_calls")]
         self.store.write_batch(
@@ -219,6 +224,14 @@ class Engine:
             {"persona_rejections": result.rejected, "calls": calls, "personas": result.accepted},
         )
         return result.accepted
+
+    def _needs_policy(self) -> bool:
+        """Compile each card into a policy once, with the persona, when a level uses it."""
+        from spasm.harness.levels import layers
+
+        h = self.config.harness
+        levels = set(h.levels or [h.client, h.responder])
+        return h.extract_policy and (h.audit or any(layers(lv).policy for lv in levels))
 
     def dialogues_in_flight(self, backends: dict[str, Backend]) -> int:
         if self.config.engine.max_dialogues_in_flight:
@@ -290,6 +303,10 @@ class Engine:
                 if finished and summary.completed == summary.planned:
                     await anyio.to_thread.run_sync(store.ensure_tables, TABLES)
                     await anyio.to_thread.run_sync(store.compact_all)
+                    if self.config.harness.active:
+                        from spasm.harness.report import level_report
+
+                        await anyio.to_thread.run_sync(level_report, self.run_dir)
                     status = "complete"
                 else:
                     status = "stopped" if summary.stopped else "incomplete"
