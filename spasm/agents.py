@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from spasm.backends.base import ChatRequest, Completion
 from spasm.calls import Caller, CallScope
 from spasm.history import History, Speaker
-from spasm.projection import SPEAKER_LABELS, Message, Viewer, project
+from spasm.projection import Message, Viewer, project
 
 END_MARKER = "<END>"
 
@@ -121,8 +121,3 @@ class Agent:
         messages = self.messages(history, condition)
         text, completion = await self.generate(messages, caller, scope, seed)
         return text, completion, messages
-
-
-def label(speaker: Speaker) -> str:
-    """Display label of a speaker."""
-    return SPEAKER_LABELS[speaker]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow.compute as pc
 
@@ -179,12 +178,3 @@ def format_estimates(estimates: list[PairingEstimate], calibration: Calibration 
         f"{total.completion_tokens:>12,.0f}{total.cost:>12.4f}"
     )
     return "\n".join(lines)
-
-
-def estimates_as_dict(estimates: list[PairingEstimate]) -> list[dict[str, Any]]:
-    return [
-        {"pairing": e.pairing, "dialogues": e.dialogues, "calls": e.calls,
-         "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens,
-         "total_tokens": e.total_tokens, "cost": e.cost}
-        for e in estimates
-    ]

@@ -11,13 +11,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 Speaker = Literal["client", "responder"]
-SPEAKERS: tuple[Speaker, Speaker] = ("client", "responder")
-
-
-def partner_of(speaker: Speaker) -> Speaker:
-    """The other party of a two-party dialogue."""
-    return "responder" if speaker == "client" else "client"
-
 
 @dataclass(frozen=True, slots=True)
 class Utterance:
@@ -49,7 +42,3 @@ class History:
     def last(self, m: int) -> tuple[Utterance, ...]:
         """The last ``m`` utterances (fewer if the history is shorter)."""
         return self.utterances[-m:] if m > 0 else ()
-
-    def by(self, speaker: Speaker) -> list[str]:
-        """Contents of the utterances of one speaker, in order."""
-        return [u.content for u in self.utterances if u.speaker == speaker]

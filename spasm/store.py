@@ -236,11 +236,6 @@ class RunStore:
         marker = self.commits / batch_id
         marker.touch()
 
-    def write_table(self, table: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
-        """Write a whole table at once (personas) as a single committed part."""
-        self.schemas[table] = schema
-        self.write_batch(f"{table}-all", {table: rows})
-
     # -- recovery ---------------------------------------------------------------------------
     def recover(self) -> int:
         """Delete parts of uncommitted batches and leftovers; finish an interrupted compaction.
