@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from spasm.backends.base import ChatRequest, Completion
 from spasm.calls import Caller, CallScope
 from spasm.history import History, Speaker
-from spasm.projection import Message, Viewer, project
+from spasm.projection import Message, Viewer, messages_digest, project
 
 END_MARKER = "<END>"
 
@@ -66,11 +66,6 @@ def clean_reply(text: str, truncated: bool = False) -> str:
         if ends and ends[-1].end() < len(t) + 1:
             t = t[: ends[-1].start() + 1]
     return t.strip().strip('"').strip()
-
-
-def messages_digest(messages: list[Message]) -> str:
-    """sha256 of the exact messages an agent saw (to check a reconstruction byte for byte)."""
-    return hashlib.sha256(json.dumps(messages, ensure_ascii=False).encode()).hexdigest()
 
 
 def derive_seed(*parts: object) -> int:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from spasm.backends.base import Backend, ChatRequest, Completion
 from spasm.config import BackendConfig
+from spasm.dataset.rows import CallRow
 from spasm.errors import (
     BudgetExceededError,
     EmptyCompletionError,
@@ -116,7 +117,7 @@ class CallScope:
 
     dialogue_id: str | None = None
     persona_id: str | None = None
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[CallRow] = field(default_factory=list)
     seq: int = 0
 
     def next_id(self) -> str:
@@ -207,25 +208,25 @@ class Caller:
     ) -> None:
         self.usage.outcomes[outcome] += 1
         scope.records.append(
-            {
-                "call_id": f"{self.pass_id}:{scope.next_id()}",
-                "dialogue_id": scope.dialogue_id,
-                "persona_id": scope.persona_id,
-                "role": role,
-                "backend": backend.name,
-                "model": backend.model,
-                "resolved_model": completion.resolved_model if completion else None,
-                "request_hash": key,
-                "params": json.dumps(request.params(), sort_keys=True),
-                "attempt": attempt,
-                "prompt_tokens": completion.prompt_tokens if completion else 0,
-                "completion_tokens": completion.completion_tokens if completion else 0,
-                "latency_s": latency,
-                "cache_hit": outcome == "cache_hit",
-                "outcome": outcome,
-                "error": error,
-                "started_at": started,
-            }
+            CallRow(
+                call_id=f"{self.pass_id}:{scope.next_id()}",
+                dialogue_id=scope.dialogue_id,
+                persona_id=scope.persona_id,
+                role=role,
+                backend=backend.name,
+                model=backend.model,
+                resolved_model=completion.resolved_model if completion else None,
+                request_hash=key,
+                params=json.dumps(request.params(), sort_keys=True),
+                attempt=attempt,
+                prompt_tokens=completion.prompt_tokens if completion else 0,
+                completion_tokens=completion.completion_tokens if completion else 0,
+                latency_s=latency,
+                cache_hit=outcome == "cache_hit",
+                outcome=outcome,
+                error=error,
+                started_at=started,
+            )
         )
 
     async def complete(
@@ -324,8 +325,8 @@ class Caller:
                 error = f"not valid JSON: {exc.msg} at position {exc.pos}"
             except ValidationError as exc:
                 error = _short_error(exc)
-            scope.records[-1]["outcome"] = "invalid_output"
-            scope.records[-1]["error"] = error
+            scope.records[-1].outcome = "invalid_output"
+            scope.records[-1].error = error
             if ask == self.reask_attempts:
                 return None
             convo = [

@@ -163,30 +163,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_personas(args: argparse.Namespace) -> int:
     import anyio
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    from spasm.dataset.files import atomic_write_table
+    from spasm.dataset.rows import persona_row_model, rejection_row_model
+    from spasm.dataset.store import rows_to_table
     from spasm.personas import build_personas, load_schema
-    from spasm.store import persona_schema, rejection_schema
 
     if args.n < 1:
         raise UserError("--n must be at least 1")
+    out: Path = args.out
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; name the .parquet file to write.")
     schema = load_schema(args.schema)
     result = anyio.run(lambda: build_personas(schema, args.n, args.seed))
-    ints = schema.integer_fields()
-    for p in result.accepted:
-        p.pop("_calls", None)
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    names, ints = schema.field_names, schema.integer_fields()
     rejected_out = out.with_name(out.stem + ".rejected.parquet")
-    for rows, target, pschema in (
-        (result.accepted, out, persona_schema(schema.field_names, ints)),
-        (result.rejected, rejected_out, rejection_schema(schema.field_names, ints)),
-    ):
-        tmp = target.with_name(f".{target.name}.tmp")
-        table = pa.Table.from_pylist([{k: r.get(k) for k in pschema.names} for r in rows], pschema)
-        pq.write_table(table, tmp)
-        tmp.replace(target)
+    atomic_write_table(out, rows_to_table("personas", persona_row_model(names, ints), result.accepted))
+    atomic_write_table(rejected_out, rows_to_table(
+        "persona_rejections", rejection_row_model(names, ints), result.rejected))
     print(f"{len(result.accepted)} personas → {out}; {len(result.rejected)} rejected candidates "
           f"(with reasons) → {rejected_out}")
     return 0

@@ -32,7 +32,9 @@ from spasm.errors import BudgetExceededError, UserError
 from spasm.estimate import Calibration, PairingEstimate, calibrate, estimate
 from spasm.personas import build_personas, load_schema
 from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
-from spasm.store import SCHEMA_VERSION, RunStore, persona_schema, rejection_schema, write_json
+from spasm.dataset.files import atomic_write_json as write_json
+from spasm.dataset.rows import SCHEMA_VERSION
+from spasm.dataset.store import RunStore
 from spasm.tokens import counter_source
 
 #: The tables every finished run has (possibly empty).
@@ -201,9 +203,7 @@ class Engine:
     async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
         pc = self.config.personas
         schema = load_schema(pc.schema_file)
-        ints = schema.integer_fields()
-        self.store.schemas["persona_rejections"] = rejection_schema(schema.field_names, ints)
-        self.store.schemas["personas"] = persona_schema(schema.field_names, ints)
+        self.store.set_persona_fields(schema.field_names, schema.integer_fields())
         existing = self.store.read("personas")
         if existing is not None:
             return list(existing.to_pylist())
@@ -218,10 +218,10 @@ class Engine:
             responder_role=self.config.dialogue.responder_role,
             policy_temperature=self.config.harness.temperature,
         )
-        calls = [c for p in result.accepted for c in p.pop("_calls")]
         self.store.write_batch(
             "personas",
-            {"persona_rejections": result.rejected, "calls": calls, "personas": result.accepted},
+            {"persona_rejections": result.rejected, "calls": result.calls,
+             "personas": result.accepted},
         )
         return result.accepted
 
@@ -339,7 +339,7 @@ class Engine:
                 batch = pending[:]
                 pending.clear()
                 batch_no += 1
-                tables: dict[str, list[dict[str, Any]]] = {
+                tables: dict[str, list[Any]] = {
                     "turns": [t for r in batch for t in r.turns],
                     "calls": [c for r in batch for c in r.calls],
                     "errors": [r.error for r in batch if r.error is not None],
@@ -363,12 +363,12 @@ class Engine:
                     pending.append(result)
                     if result.error is not None:
                         summary.errors += 1
-                        summary.error_types[result.error["error_type"]] += 1
+                        summary.error_types[result.error.error_type] += 1
                     else:
                         assert result.dialogue is not None
                         summary.new += 1
                         summary.completed += 1
-                        summary.terminations[result.dialogue["termination_reason"]] += 1
+                        summary.terminations[result.dialogue.termination_reason] += 1
                         bar.update(1)
                     bar.set_postfix(
                         tokens=f"{caller.usage.total_tokens:,}",

@@ -6,20 +6,32 @@ The hierarchy, in one place::
     ├── UserError              the input is wrong (config, schema, CLI flags, environment);
     │   │                      the CLI prints the message and exits with code 2
     │   ├── ConfigError        a run config or persona schema does not validate
-    │   └── MissingKeyError    the environment variable named for an API key is unset
-    └── RunError               something went wrong while running (model, network, disk)
-        ├── BackendError       a call to a model backend failed
-        │   ├── TransientBackendError   worth retrying: 429, 5xx, timeouts, dropped connections
-        │   │   └── RateLimitedError    429, optionally with a server-given retry delay
-        │   ├── FatalBackendError       not worth retrying: 4xx other than 429, refused connections
-        │   │                            at start-up, malformed replies after all re-asks
-        │   └── EmptyCompletionError    the model returned no text
-        └── BudgetExceededError         the run reached its --max-cost / --max-tokens cap
+    │   └── MissingKeyError    the environment variable named for an API key is unset, empty
+    │                          or blank
+    └── RunError               something went wrong while running (model, network, disk);
+        │                      the CLI prints the message and exits with code 1
+        ├── BackendError       a call to a model backend failed (``outcome``: its calls-table
+        │   │                  outcome, ``status``: the HTTP status if there was one)
+        │   ├── TransientBackendError   worth retrying: 5xx, 408, 409     (``server_error``)
+        │   │   ├── RateLimitedError        429, maybe with a retry delay (``rate_limited``)
+        │   │   ├── TimeoutBackendError     no answer within timeout_s    (``timeout``)
+        │   │   ├── ConnectionBackendError  connection refused or dropped (``connection_error``)
+        │   │   ├── MalformedResponseError  a body that is not an OpenAI chat completion
+        │   │   │                           (not JSON, HTML, no choices)   (``malformed``)
+        │   │   └── EmptyCompletionError    the model returned no text    (``empty``)
+        │   └── FatalBackendError       not worth retrying: 4xx other than 408/409/429, a
+        │                                request the local model refuses (``fatal``)
+        ├── StructuredOutputRejectedError  the server refuses the structured-output format of
+        │                                  the backend's mode; ends the run (``format_rejected``)
+        ├── BudgetExceededError         the run reached its --max-cost / --max-tokens cap
+        └── FormatError                 a row or table does not match the run format
 
 Every message says what went wrong and, where we can tell, how to fix it.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class SpasmError(Exception):
@@ -35,14 +47,23 @@ class ConfigError(UserError):
 
 
 class MissingKeyError(UserError):
-    """The environment variable that should hold an API key is not set."""
+    """The environment variable that should hold an API key is unset, empty or blank.
 
-    def __init__(self, env_var: str, backend: str) -> None:
+    ``problem`` is how it is wrong: ``"not set"``, ``"empty"`` or ``"blank"`` (whitespace only).
+    """
+
+    def __init__(self, env_var: str, backend: str, problem: str = "not set") -> None:
         self.env_var = env_var
         self.backend = backend
+        self.problem = problem
+        what = {
+            "not set": "which is not set",
+            "empty": "which is empty",
+            "blank": "which holds only whitespace",
+        }.get(problem, problem)
         super().__init__(
-            f"Backend {backend!r} needs an API key in the environment variable {env_var}, "
-            f"which is not set. Set it (export {env_var}=...) or name another variable with "
+            f"Backend {backend!r} needs an API key in the environment variable {env_var}, {what}. "
+            f"Put the key in it (export {env_var}=...) or name another variable with "
             "api_key_env in the config (or --api-key-env on the command line)."
         )
 
@@ -52,32 +73,102 @@ class RunError(SpasmError):
 
 
 class BackendError(RunError):
-    """A call to a model backend failed."""
+    """A call to a model backend failed.
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    ``status`` is the HTTP status when the server answered; ``detail`` the server's own error
+    message (or the local cause), without spasm's wording around it.
+    """
+
+    #: The ``calls.outcome`` of an attempt that failed this way.
+    outcome: ClassVar[str] = "error"
+
+    def __init__(self, message: str, *, status: int | None = None, detail: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.detail = detail if detail is not None else message
 
 
 class TransientBackendError(BackendError):
-    """A failure worth retrying (429, 5xx, timeout, dropped connection, malformed body)."""
+    """A failure worth retrying (5xx, 408, 409; the subclasses name the other kinds)."""
+
+    outcome: ClassVar[str] = "server_error"
 
 
 class RateLimitedError(TransientBackendError):
     """HTTP 429; ``retry_after`` is the server's requested delay in seconds, if it gave one."""
 
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(message, status=429)
+    outcome: ClassVar[str] = "rate_limited"
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, detail: str | None = None
+    ) -> None:
+        super().__init__(message, status=429, detail=detail)
         self.retry_after = retry_after
+
+
+class TimeoutBackendError(TransientBackendError):
+    """No response within the backend's ``timeout_s``."""
+
+    outcome: ClassVar[str] = "timeout"
+
+
+class ConnectionBackendError(TransientBackendError):
+    """The connection could not be made or was dropped before a response."""
+
+    outcome: ClassVar[str] = "connection_error"
+
+
+class MalformedResponseError(TransientBackendError):
+    """The response body is not an OpenAI chat completion (not JSON, HTML, no choices)."""
+
+    outcome: ClassVar[str] = "malformed"
 
 
 class FatalBackendError(BackendError):
     """A failure that retrying will not fix."""
 
+    outcome: ClassVar[str] = "fatal"
+
 
 class EmptyCompletionError(TransientBackendError):
     """The model returned an empty completion."""
 
+    outcome: ClassVar[str] = "empty"
+
+
+class StructuredOutputRejectedError(RunError):
+    """The server refuses structured requests in the backend's structured-output mode.
+
+    Not a :class:`BackendError`: no layer may fall back on it; it ends the run at once. It
+    names the backend, the mode, the server's status and message, and what to change.
+    """
+
+    outcome: ClassVar[str] = "format_rejected"
+
+    def __init__(self, backend: str, mode: str, status: int | None, server_message: str) -> None:
+        self.backend = backend
+        self.mode = mode
+        self.status = status
+        self.server_message = server_message
+        others = [m for m in ("json_schema", "json_object", "text") if m != mode]
+        super().__init__(
+            f"Backend {backend!r} rejects structured output in mode {mode!r}: the server answered "
+            f"{status if status is not None else 'an error'}: {_clip(server_message)}. "
+            f"Set structured_output in this backend's config to 'auto' (spasm then finds a mode "
+            f"the server takes) or to one of {others}."
+        )
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters (servers send tracebacks in messages)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
 
 class BudgetExceededError(RunError):
     """The run reached its cost or token cap."""
+
+
+class FormatError(RunError):
+    """A row or a table does not match the run format (a misspelled or undeclared field, a
+    wrong type, a table spasm does not know). Raised by :mod:`spasm.dataset`."""

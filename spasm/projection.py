@@ -15,6 +15,8 @@ others can be added with :func:`register_projection`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypedDict
@@ -46,6 +48,11 @@ class Viewer:
         "Continue the conversation as the {label}. Write only the {label}'s next message, "
         "without the '{label}:' prefix."
     )
+
+
+def messages_digest(messages: list[Message]) -> str:
+    """sha256 of the exact messages an agent saw (to check a reconstruction byte for byte)."""
+    return hashlib.sha256(json.dumps(messages, ensure_ascii=False).encode()).hexdigest()
 
 
 Projection = Callable[[History, Viewer], list[Message]]

@@ -7,21 +7,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from spasm.agents import (
-    Agent,
-    client_system_prompt,
-    derive_seed,
-    messages_digest,
-    responder_system_prompt,
-)
+from spasm.agents import Agent, client_system_prompt, derive_seed, responder_system_prompt
 from spasm.calls import Caller, CallScope
 from spasm.config import PairingConfig, RunConfig
+from spasm.dataset.rows import CallRow, DialogueRow, ErrorRow, TurnRow
 from spasm.errors import BudgetExceededError
 from spasm.harness.levels import level_label
 from spasm.harness.prompt import PrefixTracker, messages_json
 from spasm.harness.runtime import AgentHarness, TurnResult
 from spasm.history import History
-from spasm.projection import Message, Viewer
+from spasm.projection import Viewer, messages_digest
 from spasm.termination import JudgeDetector, RuleDetector, TerminationChain
 
 
@@ -44,10 +39,10 @@ class DialogueResult:
     """Rows for each table produced by one dialogue."""
 
     spec: DialogueSpec
-    dialogue: dict[str, Any] | None = None
-    turns: list[dict[str, Any]] = field(default_factory=list)
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    error: dict[str, Any] | None = None
+    dialogue: DialogueRow | None = None
+    turns: list[TurnRow] = field(default_factory=list)
+    calls: list[CallRow] = field(default_factory=list)
+    error: ErrorRow | None = None
 
 
 def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[Agent, Agent]:
@@ -85,55 +80,31 @@ def build_chain(config: RunConfig, caller: Caller, spec: DialogueSpec) -> Termin
     return TerminationChain(detectors, t.min_utterances)
 
 
-def reconstruct_messages(
-    dialogue: dict[str, Any], turns: list[dict[str, Any]], turn_index: int
-) -> list[Message]:
-    """Recompute, byte for byte, the messages the speaker of ``turn_index`` saw.
-
-    ``dialogue`` is a row of the dialogues table and ``turns`` its turns in order; check the
-    result against ``messages_sha256`` with :func:`spasm.agents.messages_digest`.
-    """
-    from spasm.projection import project
-
-    stored = turns[turn_index].get("messages")
-    if isinstance(stored, str) and stored:
-        # Harnessed turns (level B and up) store what they saw: it depends on model calls
-        # (state, context, checker advice) that cannot be recomputed from the text alone.
-        seen: list[Message] = json.loads(stored)
-        return seen
-    history = History()
-    for t in turns[:turn_index]:
-        history = history.append(t["speaker"], t["text"])
-    speaker = turns[turn_index]["speaker"]
-    prompt = dialogue[f"{speaker}_system_prompt"]
-    return project(history, Viewer(speaker, prompt), dialogue["condition"])
-
-
 def _turn_row(
     spec: DialogueSpec, index: int, speaker: str, r: TurnResult, attempts: int
-) -> dict[str, Any]:
-    return {
-        "dialogue_id": spec.dialogue_id,
-        "turn_index": index,
-        "speaker": speaker,
-        "text": r.text,
-        "n_tokens": r.completion.completion_tokens,
-        "prompt_tokens": r.completion.prompt_tokens,
-        "latency_s": r.completion.latency_s,
-        "attempts": attempts,
-        "checker_verdict": json.dumps(r.verdict, ensure_ascii=False) if r.verdict else None,
-        "flagged": r.flagged,
-        "messages_sha256": messages_digest(r.messages),
-        "flag_reason": r.flag_reason,
-        "intent": r.intent,
-        "state": r.state.to_json() if r.state is not None else None,
-        "state_clips": len(r.reduction.clips) if r.reduction else 0,
-        "state_log": r.reduction.log() if r.reduction else None,
-        "harness_fallbacks": r.fallbacks,
-        "cached_prompt_tokens": r.cached_prompt_tokens,
-        "messages": messages_json(r.messages) if r.stored_messages else None,
-        "probe": None,
-    }
+) -> TurnRow:
+    return TurnRow(
+        dialogue_id=spec.dialogue_id,
+        turn_index=index,
+        speaker=speaker,
+        text=r.text,
+        n_tokens=r.completion.completion_tokens,
+        prompt_tokens=r.completion.prompt_tokens,
+        latency_s=r.completion.latency_s,
+        attempts=attempts,
+        checker_verdict=json.dumps(r.verdict, ensure_ascii=False) if r.verdict else None,
+        flagged=r.flagged,
+        messages_sha256=messages_digest(r.messages),
+        flag_reason=r.flag_reason,
+        intent=r.intent,
+        state=r.state.to_json() if r.state is not None else None,
+        state_clips=len(r.reduction.clips) if r.reduction else 0,
+        state_log=r.reduction.log() if r.reduction else None,
+        harness_fallbacks=r.fallbacks,
+        cached_prompt_tokens=r.cached_prompt_tokens,
+        messages=messages_json(r.messages) if r.stored_messages else None,
+        probe=None,
+    )
 
 
 async def simulate_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueResult:
@@ -147,7 +118,7 @@ async def simulate_dialogue(spec: DialogueSpec, config: RunConfig, caller: Calle
     chain = build_chain(config, caller, spec)
     scope = CallScope(dialogue_id=spec.dialogue_id, persona_id=spec.persona["persona_id"])
     history = History()
-    turns: list[dict[str, Any]] = []
+    turns: list[TurnRow] = []
     result = DialogueResult(spec)
     reason, detail = "max_turns", f"cap of {config.dialogue.max_turns_per_agent} turns per agent"
     # The cache estimate costs a token count per call: only harness runs report it.
@@ -166,7 +137,7 @@ async def simulate_dialogue(spec: DialogueSpec, config: RunConfig, caller: Calle
                 n_records = len(scope.records)
                 r = await harness[agent.speaker].turn(history, spec.condition, caller, scope, seed)
                 attempts = sum(
-                    1 for rec in scope.records[n_records:] if rec["role"] in (agent.speaker, "rewrite")
+                    1 for rec in scope.records[n_records:] if rec.role in (agent.speaker, "rewrite")
                 )
                 history = history.append(agent.speaker, r.text)
                 turns.append(_turn_row(spec, index, agent.speaker, r, attempts))
@@ -177,49 +148,50 @@ async def simulate_dialogue(spec: DialogueSpec, config: RunConfig, caller: Calle
         if config.harness.recall_probe:
             for speaker, h in harness.items():
                 answer = await h.probe(history, spec.condition, caller, scope, spec.seed)
-                own = [t for t in turns if t["speaker"] == speaker]
+                own = [t for t in turns if t.speaker == speaker]
                 if answer is not None and own:
-                    own[-1]["probe"] = json.dumps(answer, ensure_ascii=False)
+                    own[-1].probe = json.dumps(answer, ensure_ascii=False)
     except BudgetExceededError:
         raise
     except Exception as exc:
         result.calls = scope.records
-        result.error = {
-            "dialogue_id": spec.dialogue_id,
-            "persona_id": spec.persona["persona_id"],
-            "condition": spec.condition,
-            "pairing": spec.pairing.label,
-            "error_type": type(exc).__name__,
-            "error": str(exc),
-            "n_utterances": len(history),
-            "partial_transcript": json.dumps([[u.speaker, u.content] for u in history]),
-            "failed_at": datetime.now(UTC),
-        }
+        result.error = ErrorRow(
+            dialogue_id=spec.dialogue_id,
+            persona_id=spec.persona["persona_id"],
+            condition=spec.condition,
+            pairing=spec.pairing.label,
+            error_type=type(exc).__name__,
+            error=str(exc),
+            n_utterances=len(history),
+            partial_transcript=json.dumps([[u.speaker, u.content] for u in history]),
+            failed_at=datetime.now(UTC),
+        )
         return result
     backends = config.backends
     result.turns = turns
     result.calls = scope.records
-    result.dialogue = {
-        "dialogue_id": spec.dialogue_id,
-        "persona_id": spec.persona["persona_id"],
-        "conversation_index": spec.conversation_index,
-        "condition": spec.condition,
-        "harness_level": level_label(*spec.levels),
-        "pairing": spec.pairing.label,
-        "client_backend": spec.pairing.client,
-        "client_model": backends[spec.pairing.client].model,
-        "responder_backend": spec.pairing.responder,
-        "responder_model": backends[spec.pairing.responder].model,
-        "seed": spec.seed,
-        "responder_role": config.dialogue.responder_role,
-        "client_system_prompt": harness["client"].system_prompt,
-        "responder_system_prompt": harness["responder"].system_prompt,
-        "n_utterances": len(history),
-        "termination_reason": reason,
-        "termination_detail": detail,
-        "prompt_tokens": sum(r["prompt_tokens"] for r in scope.records),
-        "completion_tokens": sum(r["completion_tokens"] for r in scope.records),
-        "n_calls": len(scope.records),
-        "status": "ok",
-    }
+    result.dialogue = DialogueRow(
+        dialogue_id=spec.dialogue_id,
+        persona_id=spec.persona["persona_id"],
+        conversation_index=spec.conversation_index,
+        condition=spec.condition,
+        harness_level=level_label(*spec.levels),
+        pairing=spec.pairing.label,
+        client_backend=spec.pairing.client,
+        client_model=backends[spec.pairing.client].model,
+        responder_backend=spec.pairing.responder,
+        responder_model=backends[spec.pairing.responder].model,
+        seed=spec.seed,
+        responder_role=config.dialogue.responder_role,
+        client_system_prompt=harness["client"].system_prompt,
+        responder_system_prompt=harness["responder"].system_prompt,
+        n_utterances=len(history),
+        termination_reason=reason,
+        termination_detail=detail,
+        prompt_tokens=sum(r.prompt_tokens for r in scope.records),
+        completion_tokens=sum(r.completion_tokens for r in scope.records),
+        n_calls=len(scope.records),
+        harness_fallbacks=sum(t.harness_fallbacks for t in turns),
+        status="ok",
+    )
     return result

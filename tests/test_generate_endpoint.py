@@ -11,9 +11,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from spasm.agents import messages_digest
 from spasm.cli import main
-from spasm.simulation import reconstruct_messages
+from spasm.dataset import open_run
+from spasm.projection import messages_digest
 from tests.conftest import endpoint_config
 
 
@@ -77,12 +77,13 @@ def test_messages_seen_are_reconstructible(server: Any, tmp_path: Path) -> None:
                  "--no-progress"]) == 0
     _, dialogues, turns = _tables(run)
     sent = {messages_digest(b["messages"]) for b in server.requests if "messages" in b}
-    for d in dialogues.to_dict("records"):
-        ts = turns[turns.dialogue_id == d["dialogue_id"]].sort_values("turn_index")
-        records = ts.to_dict("records")
-        for i, t in enumerate(records):
-            msgs = reconstruct_messages(d, records, i)
-            assert messages_digest(msgs) == t["messages_sha256"]
+    opened = open_run(run)
+    for did in dialogues.dialogue_id:
+        view = opened.dialogue(did)
+        assert len(view.turns) == len(turns[turns.dialogue_id == did]) > 0
+        for i, t in enumerate(view.turns):
+            seen = view.seen(i)
+            assert seen.verified is True and messages_digest(seen.messages) == t["messages_sha256"]
             assert t["messages_sha256"] in sent  # exactly what went over the wire
 
 

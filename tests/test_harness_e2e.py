@@ -11,11 +11,11 @@ import anyio
 import pandas as pd
 import pytest
 
-from spasm.agents import messages_digest
+from spasm.dataset import open_run
 from spasm.engine import Engine
 from spasm.harness.cli import register
 from spasm.harness.report import level_report
-from spasm.simulation import reconstruct_messages
+from spasm.projection import messages_digest
 from spasm.testing import TestServer
 from tests.conftest import config_from, endpoint_config
 
@@ -206,10 +206,11 @@ def test_the_ablation_sweeps_all_levels_on_the_same_personas_and_seeds(
     assert turns[turns.level != "A"].messages.notna().all()
     # What each agent saw is recoverable byte for byte at every level.
     sent = {messages_digest(b["messages"]) for b in server.requests if "messages" in b}
-    for d in dialogues.to_dict("records"):
-        records = turns[turns.dialogue_id == d["dialogue_id"]].to_dict("records")
-        for i, t in enumerate(records):
-            assert messages_digest(reconstruct_messages(d, records, i)) == t["messages_sha256"]
+    opened = open_run(tmp_path / "sweep")
+    for did in dialogues.dialogue_id:
+        view = opened.dialogue(did)
+        for i, t in enumerate(view.turns):
+            assert view.seen(i).verified is True
             if t["attempts"] == 1:
                 assert t["messages_sha256"] in sent
     # Level A of the sweep is today's generation, request for request.

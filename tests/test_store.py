@@ -1,24 +1,38 @@
-"""Crash safety of the Parquet store: uncommitted parts vanish, compaction de-duplicates."""
+"""The run format's owner: typed rows (a misspelled field is an error), crash-safe batches
+(uncommitted parts vanish, compaction de-duplicates) and the reader, ``open_run``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
-from spasm.store import RunStore
+from spasm.dataset import DialogueRow, RunStore, TurnRow, open_run
+from spasm.errors import FormatError
 
 
 def _turn(d: str, i: int) -> dict[str, object]:
     return {"dialogue_id": d, "turn_index": i, "speaker": "client", "text": f"t{i}"}
 
 
+def _dialogue(d: str, **extra: Any) -> DialogueRow:
+    return DialogueRow(
+        dialogue_id=d, persona_id="p0", conversation_index=0, condition="ecp", pairing="a/b",
+        client_backend="a", client_model="m", responder_backend="b", responder_model="m",
+        seed=1, n_utterances=2, termination_reason="max_turns", **extra,
+    )
+
+
 def test_uncommitted_batch_is_removed_on_recover(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     store.create()
-    store.write_batch("000001", {"turns": [_turn("a", 0)], "dialogues": [{"dialogue_id": "a"}]})
+    store.write_batch("000001", {"turns": [_turn("a", 0)], "dialogues": [_dialogue("a")]})
     # A crash after the turns part moved in but before the marker: simulate by removing it.
-    store.write_batch("000002", {"turns": [_turn("b", 0)], "dialogues": [{"dialogue_id": "b"}]})
+    store.write_batch("000002", {"turns": [_turn("b", 0)], "dialogues": [_dialogue("b")]})
     (store.commits / "000002").unlink()
     (store.tmp / "turns-part-000003.parquet").write_bytes(b"half a file")
     assert store.recover() == 3
@@ -56,3 +70,51 @@ def test_interrupted_compaction_is_finished_on_recover(tmp_path: Path) -> None:
     )
     store.recover()
     assert len(pd.read_parquet(tmp_path / "turns.parquet")) == 2
+
+
+def test_a_row_with_a_misspelled_field_is_an_error_and_nothing_is_written(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.create()
+    bad = {**_turn("a", 0), "atempts": 2}
+    with pytest.raises(FormatError, match="atempts: undeclared field"):
+        store.write_batch("000001", {"dialogues": [_dialogue("a")], "turns": [bad]})
+    with pytest.raises(ValueError, match="atempts"):
+        TurnRow.model_validate({**_turn("a", 0), "atempts": 2})
+    assert not store.parts("dialogues") and not store.parts("turns")
+    assert not list(store.commits.iterdir())
+
+
+def test_a_row_missing_a_required_field_is_an_error(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    with pytest.raises(FormatError, match="persona_id: Field required"):
+        store.write_batch("000001", {"dialogues": [{"dialogue_id": "a"}]})
+
+
+def test_open_run_reads_committed_parts_only_and_dialogues_with_their_turns(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.create()
+    store.write_batch("000001", {"dialogues": [_dialogue("a")], "turns": [_turn("a", 1), _turn("a", 0)]})
+    store.write_batch("000002", {"dialogues": [_dialogue("b")], "turns": [_turn("b", 0)]})
+    (store.commits / "000002").unlink()  # written but not committed: invisible to readers
+    run = open_run(tmp_path)
+    assert list(run.dialogues.dialogue_id) == ["a"]
+    assert sorted(run.turns.dialogue_id) == ["a", "a"]
+    view = run.dialogue("a")
+    assert [t["turn_index"] for t in view.turns] == [0, 1]
+    # No system prompt or digest was stored: the re-projection is unverified, not "ok".
+    seen = view.seen(1)
+    assert seen.verified is None and seen.messages[-1] == {"role": "assistant", "content": "t0"}
+    batches = list(run.batches("turns", columns=["text"], batch_size=1))
+    assert sum(b.num_rows for b in batches) == 2 and batches[0].schema.names == ["text"]
+
+
+def test_open_run_fills_columns_an_older_table_lacks_with_their_defaults(tmp_path: Path) -> None:
+    # An import written before schema 1.2: single Parquet files with only the core columns.
+    pq.write_table(pa.table({"dialogue_id": ["d"], "persona_id": ["p"]}), tmp_path / "dialogues.parquet")
+    pq.write_table(pa.table({"dialogue_id": ["d"], "turn_index": [0], "speaker": ["client"],
+                             "text": ["hi"]}), tmp_path / "turns.parquet")
+    run = open_run(tmp_path)
+    d = run.dialogues.iloc[0]
+    assert d.status == "ok" and d.harness_level == "A" and d.harness_fallbacks == 0
+    assert pd.isna(d.condition)  # required and unknown: null, never invented
+    assert run.turns.attempts.tolist() == [1]

@@ -222,7 +222,7 @@ class AgentHarness:
         try:
             return await call
         finally:
-            acc[0] += share * sum(r["prompt_tokens"] for r in scope.records[n0:])
+            acc[0] += share * sum(r.prompt_tokens for r in scope.records[n0:])
 
     async def _safe(self, call: Awaitable[T | None]) -> T | None:
         """A harness call whose failure must not end the dialogue (budget stops still do)."""

@@ -34,6 +34,8 @@ class PersonaSet:
 
     accepted: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    #: The call-log rows of the model calls made for accepted personas.
+    calls: list[Any] = field(default_factory=list)
     llm_fallbacks: int = 0
 
 
@@ -156,7 +158,7 @@ async def build_personas(
                 "schema_name": schema.name,
                 "schema_version": schema.schema_version,
                 **policy,
-                "_calls": scope.records,
             }
         )
+        out.calls.extend(scope.records)
     return out

@@ -1,0 +1,242 @@
+"""The run directory's reader: :func:`open_run` (SPEC §7).
+
+Everything that reads a run — evaluation, the harness report, export, the viewer, merge — reads
+through a :class:`Run`. It reads only committed parts (a batch is visible once its commit
+marker exists), fills columns an older schema version lacks with their declared defaults, and
+gives each table as Arrow, as pandas, or in record batches for runs too large for memory::
+
+    import spasm
+    run = spasm.open_run("runs/smoke")
+    run.dialogues                      # pandas DataFrame
+    run.table("turns")                 # pyarrow Table
+    for batch in run.batches("turns", columns=["dialogue_id", "text"]):
+        ...
+    d = run.dialogue(run.dialogues.dialogue_id[0])
+    d.turns[0]["text"], d.seen(0).messages, d.seen(0).verified
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Row, arrow_schema
+from spasm.errors import UserError
+from spasm.history import History
+from spasm.projection import Message, Viewer, messages_digest, project
+
+__all__ = ["DialogueView", "Run", "SeenMessages", "open_run", "seen_messages"]
+
+
+@dataclass(frozen=True)
+class SeenMessages:
+    """What an agent was sent for one turn, and whether it matches the stored digest."""
+
+    messages: list[Message]
+    #: sha256 of ``messages`` equals the turn's ``messages_sha256`` (``None``: no digest stored).
+    verified: bool | None
+
+
+def seen_messages(
+    dialogue: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], index: int
+) -> SeenMessages:
+    """Rebuild, byte for byte, the messages the speaker of ``turns[index]`` saw, and check them.
+
+    Harnessed turns (level B and up) store what they saw (it depends on model calls: state,
+    context, checker advice); plain turns are re-projected from the history before them.
+    """
+    turn = turns[index]
+    stored = turn.get("messages")
+    if isinstance(stored, str) and stored:
+        messages: list[Message] = json.loads(stored)
+    else:
+        history = History()
+        for t in turns[:index]:
+            history = history.append(t["speaker"], t["text"])
+        speaker = turn["speaker"]
+        prompt = dialogue.get(f"{speaker}_system_prompt") or ""
+        messages = project(history, Viewer(speaker, str(prompt)), str(dialogue["condition"]))
+    digest = turn.get("messages_sha256")
+    verified = None if not digest else messages_digest(messages) == digest
+    return SeenMessages(messages, verified)
+
+
+@dataclass(frozen=True)
+class DialogueView:
+    """One dialogue with its persona and turns, and what each agent saw at each turn."""
+
+    row: dict[str, Any]
+    persona: dict[str, Any] | None
+    turns: list[dict[str, Any]]
+
+    def seen(self, turn_index: int) -> SeenMessages:
+        """The exact messages the speaker of ``turn_index`` was sent, checked against its digest."""
+        return seen_messages(self.row, self.turns, turn_index)
+
+
+def _committed(table_dir: Path, committed: set[str] | None) -> list[Path]:
+    parts = sorted(table_dir.glob("part-*.parquet"))
+    if committed is None:
+        return parts
+    keep = []
+    for part in parts:
+        batch = part.name[len("part-") : -len(".parquet")]
+        if batch in committed or batch.startswith("compacted"):
+            keep.append(part)
+    return keep
+
+
+def _conform(table: pa.Table, model: type[Row]) -> pa.Table:
+    """Add the columns an older (or imported) table lacks, with their declared defaults."""
+    schema = arrow_schema(model)
+    for field in schema:
+        if field.name in table.column_names:
+            continue
+        info = model.model_fields[field.name]
+        default = None if info.is_required() else info.default
+        column = pa.array([default] * table.num_rows, type=field.type)
+        table = table.append_column(field, column)
+    return table
+
+
+class Run:
+    """A run directory opened for reading (see the module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.dir = Path(path)
+        if not self.dir.is_dir():
+            raise UserError(
+                f"Run directory {self.dir} does not exist; pass a directory that `spasm generate` "
+                "or `spasm import` wrote (e.g. runs/<name>)."
+            )
+        commits = self.dir / ".commits"
+        self._committed = {p.name for p in commits.iterdir()} if commits.is_dir() else None
+
+    # -- metadata ---------------------------------------------------------------------------
+    def _json(self, name: str) -> dict[str, Any]:
+        path = self.dir / name
+        if not path.exists():
+            return {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UserError(f"{path} is damaged ({exc}); it is not a readable JSON file.") from None
+        return data if isinstance(data, dict) else {}
+
+    @cached_property
+    def manifest(self) -> dict[str, Any]:
+        """manifest.json (empty when absent)."""
+        return self._json("manifest.json")
+
+    @cached_property
+    def config(self) -> dict[str, Any] | None:
+        """The resolved run config of a generated run (``None`` for imported data)."""
+        return self._json("config.json").get("config")
+
+    @property
+    def schema_version(self) -> str:
+        """The format version the run was written with (older runs are read as the current)."""
+        return str(self.manifest.get("schema_version") or SCHEMA_VERSION)
+
+    # -- tables -----------------------------------------------------------------------------
+    def _files(self, table: str) -> list[Path]:
+        path = self.dir / f"{table}.parquet"
+        if path.is_file():  # the single-file layout of imports before schema 1.2
+            return [path]
+        if path.is_dir():
+            return _committed(path, self._committed)
+        return []
+
+    def has(self, table: str) -> bool:
+        """Whether the run has the table (possibly empty)."""
+        return bool(self._files(table))
+
+    def tables(self) -> list[str]:
+        """The tables present in the run directory."""
+        return sorted(p.name[: -len(".parquet")] for p in self.dir.glob("*.parquet") if self.has(
+            p.name[: -len(".parquet")]))
+
+    def _dataset(self, table: str) -> ds.Dataset:
+        files = self._files(table)
+        if not files:
+            raise UserError(
+                f"{self.dir} has no {table} table ({table}.parquet). A run written by "
+                "`spasm generate` or `spasm import` has personas, dialogues and turns."
+            )
+        try:
+            return ds.dataset([str(f) for f in files], format="parquet")
+        except (OSError, pa.ArrowException) as exc:
+            raise UserError(f"Cannot read {self.dir / table}.parquet as Parquet ({exc}).") from None
+
+    def table(self, table: str, columns: list[str] | None = None) -> pa.Table:
+        """A whole table as Arrow, conformed to the current schema for the fixed tables."""
+        dataset = self._dataset(table)
+        wanted = None if columns is None else [c for c in columns if c in dataset.schema.names]
+        try:
+            data = dataset.to_table(columns=wanted)
+        except (OSError, pa.ArrowException) as exc:
+            raise UserError(f"Cannot read {self.dir / table}.parquet ({exc}); is a part damaged?") from None
+        model = ROW_MODELS.get(table)
+        if model is not None:
+            data = _conform(data, model)
+        return data.select(columns) if columns is not None else data
+
+    def df(self, table: str, columns: list[str] | None = None) -> pd.DataFrame:
+        """A whole table as pandas."""
+        frame: pd.DataFrame = self.table(table, columns).to_pandas()
+        return frame
+
+    def batches(
+        self, table: str, *, columns: list[str] | None = None, batch_size: int = 65_536
+    ) -> Iterator[pa.RecordBatch]:
+        """Iterate a table in record batches (bounded memory however large the run)."""
+        yield from self._dataset(table).to_batches(columns=columns, batch_size=batch_size)
+
+    @property
+    def personas(self) -> pd.DataFrame:
+        return self.df("personas")
+
+    @property
+    def dialogues(self) -> pd.DataFrame:
+        return self.df("dialogues")
+
+    @property
+    def turns(self) -> pd.DataFrame:
+        return self.df("turns")
+
+    @property
+    def calls(self) -> pd.DataFrame:
+        return self.df("calls")
+
+    # -- one dialogue -----------------------------------------------------------------------
+    def dialogue(self, dialogue_id: str) -> DialogueView:
+        """One dialogue: its row, its persona, its turns in order, and what each agent saw."""
+        rows = self._dataset("dialogues").to_table(filter=pc.field("dialogue_id") == dialogue_id)
+        if rows.num_rows == 0:
+            raise UserError(f"{self.dir} has no dialogue {dialogue_id!r}.")
+        row = _conform(rows.slice(0, 1), ROW_MODELS["dialogues"]).to_pylist()[0]
+        turns = _conform(
+            self._dataset("turns").to_table(filter=pc.field("dialogue_id") == dialogue_id),
+            ROW_MODELS["turns"],
+        ).sort_by("turn_index").to_pylist()
+        persona = None
+        if self.has("personas"):
+            found = self._dataset("personas").to_table(
+                filter=pc.field("persona_id") == str(row["persona_id"])
+            )
+            persona = found.to_pylist()[0] if found.num_rows else None
+        return DialogueView(row, persona, turns)
+
+
+def open_run(path: str | Path) -> Run:
+    """Open a run directory for reading."""
+    return Run(path)

@@ -1,0 +1,247 @@
+"""The rows of every run table, declared once: typed models mapped to their Arrow schemas.
+
+Each table has one row model (``extra="forbid"``): building a row with an undeclared or
+misspelled field is an error, never a silent null. The Arrow schema of a table is derived from
+its model's fields and the Arrow type each field names (``Annotated[int, INT32]``), so the
+Parquet files, the writer and the reader cannot drift apart.
+
+The personas and persona-rejections tables carry one column per persona-schema field; their
+models are built from the persona schema with :func:`persona_row_model` /
+:func:`rejection_row_model`.
+
+Schema versions (``SCHEMA_VERSION``; docs/format.md says what changed and how older runs are
+read): 1.0 first release; 1.1 harness columns in ``turns``; 1.2 ``dialogues.harness_fallbacks``
+and ``persona_fields`` in ``personas`` (the source record of an imported persona).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, get_args, get_origin
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, create_model
+
+__all__ = [
+    "ROW_MODELS",
+    "SCHEMA_VERSION",
+    "CallRow",
+    "DialogueRow",
+    "ErrorRow",
+    "Row",
+    "TurnRow",
+    "arrow_schema",
+    "persona_row_model",
+    "rejection_row_model",
+]
+
+SCHEMA_VERSION = "1.2"
+
+STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+class Row(BaseModel):
+    """Base of every table row: an unknown (misspelled) field is an error, never dropped."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=False)
+    #: The table this model is a row of (``None`` for the per-schema persona models' base).
+    table: ClassVar[str] = ""
+    #: Sort and de-duplication keys (compaction, merge).
+    keys: ClassVar[tuple[str, ...]] = ()
+
+    def as_record(self) -> dict[str, Any]:
+        """The row as a plain mapping of column to value (no copy of nested values)."""
+        return dict(self.__dict__)
+
+
+def _arrow_type(annotation: Any) -> pa.DataType:
+    """The Arrow type a field names in its ``Annotated`` metadata (``X | None`` allowed)."""
+    if get_origin(annotation) is Annotated:
+        for meta in get_args(annotation)[1:]:
+            if isinstance(meta, pa.DataType):
+                return meta
+    for arg in get_args(annotation):
+        if arg is not type(None):
+            try:
+                return _arrow_type(arg)
+            except TypeError:
+                continue
+    raise TypeError(f"field annotation {annotation!r} names no Arrow type")
+
+
+def arrow_schema(model: type[Row]) -> pa.Schema:
+    """The Arrow schema of a row model, columns in field order."""
+    fields = []
+    for name, info in model.model_fields.items():
+        # pydantic strips Annotated metadata into ``info.metadata``: look there first.
+        arrow = next((m for m in info.metadata if isinstance(m, pa.DataType)), None)
+        fields.append((name, arrow if arrow is not None else _arrow_type(info.annotation)))
+    return pa.schema(fields)
+
+
+Str = Annotated[str, STRING]
+OptStr = Annotated[str | None, STRING]
+I32 = Annotated[int, INT32]
+I64 = Annotated[int, INT64]
+F64 = Annotated[float, FLOAT64]
+Flag = Annotated[bool, BOOL]
+When = Annotated[datetime, TIMESTAMP]
+
+
+class DialogueRow(Row):
+    """One dialogue (SPEC §7)."""
+
+    table: ClassVar[str] = "dialogues"
+    keys: ClassVar[tuple[str, ...]] = ("dialogue_id",)
+
+    dialogue_id: Str
+    persona_id: Str
+    conversation_index: I32
+    condition: Str
+    harness_level: Str = "A"
+    pairing: Str
+    client_backend: Str
+    client_model: Str
+    responder_backend: Str
+    responder_model: Str
+    seed: I64
+    responder_role: OptStr = None
+    client_system_prompt: OptStr = None
+    responder_system_prompt: OptStr = None
+    n_utterances: I32
+    termination_reason: Str
+    termination_detail: OptStr = None
+    prompt_tokens: I64 = 0
+    completion_tokens: I64 = 0
+    n_calls: I32 = 0
+    #: Harness calls of this dialogue that fell back (no usable structured output).
+    harness_fallbacks: I32 = 0
+    status: Str = "ok"
+
+
+class TurnRow(Row):
+    """One utterance; the harness columns are empty at level A unless noted."""
+
+    table: ClassVar[str] = "turns"
+    keys: ClassVar[tuple[str, ...]] = ("dialogue_id", "turn_index")
+
+    dialogue_id: Str
+    turn_index: I32
+    speaker: Str
+    text: Str
+    n_tokens: Annotated[int | None, INT32] = None
+    prompt_tokens: Annotated[int | None, INT32] = None
+    latency_s: Annotated[float | None, FLOAT64] = None
+    #: Generation calls behind the accepted text (2 after a rewrite).
+    attempts: I32 = 1
+    checker_verdict: OptStr = None
+    flagged: Flag = False
+    messages_sha256: OptStr = None
+    flag_reason: OptStr = None  # failed_twice | checker_unavailable
+    intent: OptStr = None  # small_talk | venting | advice_seeking | task
+    state: OptStr = None  # JSON: the speaker's state after this turn (level C+)
+    state_clips: I32 = 0  # values the reducer's hard constraints clipped
+    state_log: OptStr = None  # JSON: clips, decays, fallback
+    harness_fallbacks: I32 = 0  # harness calls that fell back this turn
+    cached_prompt_tokens: I64 = 0  # prompt tokens a prefix cache serves
+    messages: OptStr = None  # JSON: the exact messages seen (level B+)
+    probe: OptStr = None  # JSON: recall probe, on each speaker's last turn
+
+
+class CallRow(Row):
+    """One LLM call attempt (a cache hit is a row too)."""
+
+    table: ClassVar[str] = "calls"
+    keys: ClassVar[tuple[str, ...]] = ("call_id",)
+
+    call_id: Str
+    dialogue_id: OptStr = None
+    persona_id: OptStr = None
+    role: Str
+    backend: Str
+    model: Str
+    resolved_model: OptStr = None
+    request_hash: Str
+    params: Str
+    attempt: I32
+    prompt_tokens: I64 = 0
+    completion_tokens: I64 = 0
+    latency_s: F64 = 0.0
+    cache_hit: Flag = False
+    outcome: Str
+    error: OptStr = None
+    started_at: When
+
+
+class ErrorRow(Row):
+    """A quarantined dialogue: the error and the partial transcript."""
+
+    table: ClassVar[str] = "errors"
+    keys: ClassVar[tuple[str, ...]] = ("dialogue_id", "failed_at")
+
+    dialogue_id: Str
+    persona_id: Str
+    condition: Str
+    pairing: Str
+    error_type: Str
+    error: Str
+    n_utterances: I32
+    partial_transcript: Str
+    failed_at: When
+
+
+class _PersonaBase(Row):
+    table: ClassVar[str] = "personas"
+    keys: ClassVar[tuple[str, ...]] = ("persona_index",)
+
+
+class _RejectionBase(Row):
+    table: ClassVar[str] = "persona_rejections"
+    keys: ClassVar[tuple[str, ...]] = ("draw",)
+
+
+#: The columns of the personas table around the persona-schema fields.
+PERSONA_HEAD: dict[str, Any] = {"persona_id": (Str, ...), "persona_index": (I32, ...),
+                                "seed": (I64, 0)}
+PERSONA_TAIL: dict[str, Any] = {
+    "card": (Str, ...),
+    "card_source": (Str, "template"),
+    "verdicts": (Str, "[]"),
+    "schema_name": (OptStr, None),
+    "schema_version": (OptStr, None),
+    # The CharacterPolicy compiled from the card (JSON) and its version (SPEC §4.1).
+    "policy": (OptStr, None),
+    "policy_version": (OptStr, None),
+    # An imported persona's source fields, verbatim (JSON), so an export gives them back.
+    "persona_fields": (OptStr, None),
+}
+
+
+def _field_types(field_names: Iterable[str], integer_fields: set[str]) -> dict[str, Any]:
+    return {
+        f: ((Annotated[int | None, INT64], None) if f in integer_fields else (OptStr, None))
+        for f in field_names
+    }
+
+
+def persona_row_model(field_names: Iterable[str], integer_fields: set[str]) -> type[Row]:
+    """The personas row model for one persona schema: fixed columns plus one per field."""
+    fields = {**PERSONA_HEAD, **_field_types(field_names, integer_fields), **PERSONA_TAIL}
+    model: type[Row] = create_model("PersonaRow", __base__=_PersonaBase, **fields)
+    return model
+
+
+def rejection_row_model(field_names: Iterable[str], integer_fields: set[str]) -> type[Row]:
+    """Rejected persona candidates, with the stage and reasons."""
+    fields = {"draw": (I64, ...), **_field_types(field_names, integer_fields),
+              "stage": (Str, ...), "reasons": (Str, ...)}
+    model: type[Row] = create_model("PersonaRejectionRow", __base__=_RejectionBase, **fields)
+    return model
+
+
+#: The fixed tables and their row models (personas tables depend on the persona schema).
+ROW_MODELS: dict[str, type[Row]] = {
+    m.table: m for m in (DialogueRow, TurnRow, CallRow, ErrorRow)
+}

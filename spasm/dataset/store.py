@@ -1,0 +1,243 @@
+"""The run directory's writer: the only code that writes its Parquet tables (SPEC §7).
+
+Layout of ``runs/<name>/`` (docs/format.md is the full description)::
+
+    config.json            the resolved run config (env var names only, never keys)
+    manifest.json          versions, seed, counts, usage, timing, schema version
+    personas.parquet/      one directory per table, each holding Parquet part files
+    dialogues.parquet/
+    turns.parquet/
+    calls.parquet/
+    errors.parquet/
+    persona_rejections.parquet/
+    cache.sqlite           the request cache (replays instead of paying on a rerun)
+    .commits/              one empty marker per committed batch
+    .tmp/                  parts being written (never inside a table directory)
+
+Crash safety: a batch is written part by part into ``.tmp/`` and moved into place with
+``os.replace`` (atomic), then its marker is created in ``.commits/``. On resume, parts without a
+marker are deleted, so a batch is either wholly there or not at all. At the end the parts of
+each table are compacted into one sorted part.
+
+Every row is checked against its table's row model (:mod:`spasm.dataset.rows`): a misspelled
+or undeclared field is a :class:`~spasm.errors.FormatError`, never a silent null.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import ValidationError
+
+from spasm.dataset.files import atomic_write_json
+from spasm.dataset.rows import ROW_MODELS, Row, arrow_schema, persona_row_model, rejection_row_model
+from spasm.errors import FormatError
+
+__all__ = ["RunStore", "rows_to_table"]
+
+RowLike = Row | Mapping[str, Any]
+
+
+def _validation_message(table: str, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(row)"
+        kind = "undeclared field (misspelled?)" if err["type"] == "extra_forbidden" else err["msg"]
+        problems.append(f"{loc}: {kind}")
+    return f"a row for the {table} table does not match its schema: " + "; ".join(problems)
+
+
+def rows_to_table(table: str, model: type[Row], rows: Sequence[RowLike]) -> pa.Table:
+    """Check ``rows`` against ``model`` and build the Arrow table of ``table``."""
+    records: list[dict[str, Any]] = []
+    for row in rows:
+        if isinstance(row, model):
+            records.append(row.as_record())
+            continue
+        if isinstance(row, Row):
+            raise FormatError(f"a {type(row).__name__} cannot be written to the {table} table")
+        try:
+            records.append(model.model_validate(row).as_record())
+        except ValidationError as exc:
+            raise FormatError(_validation_message(table, exc)) from None
+    return pa.Table.from_pylist(records, arrow_schema(model))
+
+
+def _dedupe_sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Drop rows whose keys equal the previous row's (the table is sorted by ``keys``).
+
+    Pure Arrow, so compaction holds the table once rather than once more as pandas.
+    """
+    if table.num_rows < 2:
+        return table
+    changed = None
+    for k in keys:
+        col = table.column(k)
+        diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, table.num_rows - 1)), True)
+        changed = diff if changed is None else pc.or_(changed, diff)
+    assert changed is not None
+    mask = pa.concat_arrays([pa.array([True]), *changed.chunks])
+    return table.filter(mask)
+
+
+class RunStore:
+    """Writes (and, for the engine's own bookkeeping, reads) the tables of one run directory.
+
+    Readers outside generation use :func:`spasm.dataset.open_run`.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = Path(run_dir)
+        self.tmp = self.dir / ".tmp"
+        self.commits = self.dir / ".commits"
+        self.models: dict[str, type[Row]] = dict(ROW_MODELS)
+
+    def set_persona_fields(self, field_names: Iterable[str], integer_fields: set[str]) -> None:
+        """Declare the persona-schema fields (the personas tables have one column per field)."""
+        names = list(field_names)
+        self.models["personas"] = persona_row_model(names, integer_fields)
+        self.models["persona_rejections"] = rejection_row_model(names, integer_fields)
+
+    def model(self, table: str) -> type[Row]:
+        """The row model of ``table``."""
+        try:
+            return self.models[table]
+        except KeyError:
+            raise FormatError(
+                f"unknown table {table!r} (declare the persona fields first for personas)"
+            ) from None
+
+    def create(self) -> None:
+        for d in (self.dir, self.tmp, self.commits):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def table_dir(self, table: str) -> Path:
+        return self.dir / f"{table}.parquet"
+
+    def write_json(self, name: str, data: Any) -> None:
+        """Write a JSON file of the run directory (manifest, config) atomically."""
+        atomic_write_json(self.dir / name, data)
+
+    # -- writing --------------------------------------------------------------------------
+    def _write_part(self, table: str, rows: Sequence[RowLike], name: str, allow_empty: bool) -> None:
+        if not rows and not allow_empty:
+            return
+        data = rows_to_table(table, self.model(table), rows)
+        tmp = self.tmp / f"{table}-{name}"
+        pq.write_table(data, tmp, compression="zstd")
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        target_dir = self.table_dir(table)
+        target_dir.mkdir(exist_ok=True)
+        os.replace(tmp, target_dir / name)
+
+    def write_batch(
+        self, batch_id: str, tables: Mapping[str, Sequence[RowLike]], allow_empty: bool = False
+    ) -> None:
+        """Write one batch to every table it has rows for, then commit it with a marker.
+
+        Every row is checked before anything is written, so a bad row leaves no part behind.
+        """
+        for table, rows in tables.items():
+            model = self.model(table)
+            for row in rows:
+                if not isinstance(row, model):
+                    rows_to_table(table, model, rows)  # raises FormatError on the first bad row
+                    break
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.commits.mkdir(parents=True, exist_ok=True)
+        name = f"part-{batch_id}.parquet"
+        for table, rows in tables.items():
+            self._write_part(table, rows, name, allow_empty)
+        (self.commits / batch_id).touch()
+
+    # -- recovery ---------------------------------------------------------------------------
+    def recover(self) -> int:
+        """Delete parts of uncommitted batches and leftovers; finish an interrupted compaction.
+
+        Returns the number of files removed.
+        """
+        removed = 0
+        journal = self.dir / ".compaction.json"
+        if journal.exists():
+            job = json.loads(journal.read_text())
+            if Path(job["result"]).exists():
+                for p in job["replaces"]:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(p)
+                        removed += 1
+            journal.unlink()
+        for tmp in self.tmp.glob("*"):
+            tmp.unlink()
+            removed += 1
+        committed = {p.name for p in self.commits.glob("*")}
+        for table_dir in self.dir.glob("*.parquet"):
+            if not table_dir.is_dir():
+                continue
+            for part in table_dir.glob("part-*.parquet"):
+                batch = part.name[len("part-") : -len(".parquet")]
+                if batch not in committed and not batch.startswith("compacted"):
+                    part.unlink()
+                    removed += 1
+        return removed
+
+    # -- reading (the engine's bookkeeping) -------------------------------------------------
+    def parts(self, table: str) -> list[Path]:
+        d = self.table_dir(table)
+        return sorted(d.glob("part-*.parquet")) if d.is_dir() else []
+
+    def read(self, table: str, columns: list[str] | None = None) -> pa.Table | None:
+        """Read a table (all committed parts), or ``None`` if it has none."""
+        parts = self.parts(table)
+        if not parts:
+            return None
+        tables = [pq.read_table(p, columns=columns) for p in parts]
+        return pa.concat_tables(tables, promote_options="default")
+
+    def done_dialogue_ids(self) -> set[str]:
+        t = self.read("dialogues", columns=["dialogue_id"])
+        return set(t.column("dialogue_id").to_pylist()) if t is not None else set()
+
+    # -- compaction -------------------------------------------------------------------------
+    def compact(self, table: str) -> None:
+        """Merge a table's parts into one part, de-duplicated by key and sorted."""
+        parts = self.parts(table)
+        if not parts or (len(parts) == 1 and parts[0].name.startswith("part-compacted")):
+            return  # nothing to merge, and already sorted
+        data = self.read(table)
+        assert data is not None
+        model = self.models.get(table)
+        keys = [k for k in (model.keys if model else ()) if k in data.column_names]
+        if keys:
+            data = _dedupe_sorted(data.sort_by([(k, "ascending") for k in keys]), keys)
+        name = f"part-compacted-{uuid.uuid4().hex[:8]}.parquet"
+        tmp = self.tmp / name
+        pq.write_table(data, tmp, compression="zstd")
+        result = self.table_dir(table) / name
+        atomic_write_json(self.dir / ".compaction.json",
+                          {"result": str(result), "replaces": [str(p) for p in parts]})
+        os.replace(tmp, result)
+        for p in parts:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
+        (self.dir / ".compaction.json").unlink()
+
+    def ensure_tables(self, tables: Iterable[str]) -> None:
+        """Give every named table at least an empty, typed part, so readers always find it."""
+        missing = [t for t in tables if not self.parts(t) and t in self.models]
+        if missing:
+            self.write_batch("empty", {t: [] for t in missing}, allow_empty=True)
+
+    def compact_all(self) -> None:
+        for d in sorted(self.dir.glob("*.parquet")):
+            if d.is_dir():
+                self.compact(d.name[: -len(".parquet")])
