@@ -133,9 +133,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.dry_run:
         from spasm.estimate import format_estimates
 
-        estimates, calibration = anyio.run(lambda: engine.dry_run(args.pilot))
-        print(format_estimates(estimates, calibration))
-        if calibration is None:
+        dry = anyio.run(lambda: engine.dry_run(args.pilot))
+        print(format_estimates(dry))
+        if dry.calibration is None:
             print("This is an upper bound. Add --pilot N to calibrate on N real dialogues.")
         return RUN_EXIT["ok"]
     try:

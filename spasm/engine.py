@@ -29,8 +29,8 @@ from spasm.backends import Backend, make_backend
 from spasm.calls import Cache, Caller
 from spasm.config import RunConfig
 from spasm.errors import BudgetExceededError, UserError
-from spasm.estimate import Calibration, PairingEstimate, calibrate, estimate
-from spasm.personas import build_personas, load_schema
+from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
+from spasm.personas import PersonaSet, build_personas, load_schema
 from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
 from spasm.dataset.files import atomic_write_json as write_json
 from spasm.dataset.rows import SCHEMA_VERSION
@@ -399,32 +399,54 @@ class Engine:
             bar.close()
 
     # -- dry run ---------------------------------------------------------------------------
-    async def dry_run(self, pilot: int = 0) -> tuple[list[PairingEstimate], Calibration | None]:
-        """Estimate calls, tokens and cost per pairing.
+    async def dry_run(self, pilot: int = 0) -> DryRun:
+        """Estimate calls, tokens and cost per pairing, condition and harness level by
+        simulating the planned dialogues through the run's own code with scripted backends
+        (:mod:`spasm.estimate`).
 
         With ``pilot > 0``, first run that many planned dialogues for real (kept in the run, so
         nothing is wasted) and calibrate on them; finished dialogues of an earlier pass are used
         too. With neither, the estimate is an upper bound and nothing is written.
         """
         if pilot > 0:
-            personas = await self._dry_personas()
+            personas = (await self._dry_personas()).accepted
             specs = list(plan(self.config, personas))
             step = max(1, len(specs) // pilot)
             chosen = {s.dialogue_id for s in specs[::step][:pilot]}
             await self.run(only=chosen)
-        personas = await self._dry_personas()
-        specs = list(plan(self.config, personas))
-        calibration = calibrate(self.store, self.config, specs) if self.store.dir.exists() else None
-        return estimate(self.config, specs, calibration), calibration
+        stored = self.store.dir.exists() and self.store.read("personas") is not None
+        # Stored personas were paid for: their calls are read back. Otherwise the persona
+        # pipeline runs against the scripted backends too, so its calls are priced.
+        personas_set = await self._dry_personas(None if stored else scripted_caller(self.config))
+        specs = list(plan(self.config, personas_set.accepted))
+        calibration = await calibrate(self.store, self.config, specs) if stored else None
+        return await estimate(
+            self.config, specs, calibration,
+            persona_calls=stored_persona_calls(self.store) if stored else personas_set.calls,
+            persona_calls_measured=stored,
+        )
 
-    async def _dry_personas(self) -> list[dict[str, Any]]:
-        """The run's personas without calling a model (template cards, rules only)."""
+    async def _dry_personas(self, caller: Caller | None = None) -> PersonaSet:
+        """The run's personas: the stored ones, else drawn again. Without ``caller`` no model
+        is called (template cards, rules only); with the dry run's scripted caller they go
+        through the same LLM steps as in :meth:`_personas`, so those calls are counted."""
         existing = self.store.read("personas") if self.store.dir.exists() else None
         if existing is not None:
-            return list(existing.to_pylist())
+            return PersonaSet(accepted=list(existing.to_pylist()))
         pc = self.config.personas
-        result = await build_personas(
-            load_schema(pc.schema_file), pc.n, self.config.seed,
+        if caller is None:
+            return await build_personas(
+                load_schema(pc.schema_file), pc.n, self.config.seed,
+                max_draws_per_persona=pc.max_draws_per_persona,
+            )
+        backend = pc.backend or self.config.pairing_list[0].client
+        temps = self.config.backends[backend].temperatures
+        return await build_personas(
+            load_schema(pc.schema_file), pc.n, self.config.seed, caller=caller, backend=backend,
+            llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
+            validator_temperature=temps.validator, crafter_temperature=temps.crafter,
             max_draws_per_persona=pc.max_draws_per_persona,
+            extract_policy=self._needs_policy(),
+            responder_role=self.config.dialogue.responder_role,
+            policy_temperature=self.config.harness.temperature,
         )
-        return result.accepted
