@@ -11,7 +11,8 @@ models are built from the persona schema with :func:`persona_row_model` /
 
 Schema versions (``SCHEMA_VERSION``; docs/format.md says what changed and how older runs are
 read): 1.0 first release; 1.1 harness columns in ``turns``; 1.2 ``dialogues.harness_fallbacks``
-and ``persona_fields`` in ``personas`` (the source record of an imported persona).
+and ``dialogues.source_id``, ``personas.persona_fields`` (an imported persona's source fields),
+imports as table directories like generated runs.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class DialogueRow(Row):
     #: Harness calls of this dialogue that fell back (no usable structured output).
     harness_fallbacks: I32 = 0
     status: Str = "ok"
+    #: An imported dialogue's id in its source, as JSON (the release's ``conversation_id``).
+    source_id: OptStr = None
 
 
 class TurnRow(Row):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -42,7 +43,7 @@ from spasm.dataset.files import atomic_write_json
 from spasm.dataset.rows import ROW_MODELS, Row, arrow_schema, persona_row_model, rejection_row_model
 from spasm.errors import FormatError
 
-__all__ = ["RunStore", "rows_to_table"]
+__all__ = ["RunStore", "rows_to_table", "write_finished_run"]
 
 RowLike = Row | Mapping[str, Any]
 
@@ -241,3 +242,39 @@ class RunStore:
         for d in sorted(self.dir.glob("*.parquet")):
             if d.is_dir():
                 self.compact(d.name[: -len(".parquet")])
+
+
+def write_finished_run(
+    out: Path,
+    tables: Mapping[str, Sequence[RowLike]],
+    manifest: Mapping[str, Any],
+    *,
+    persona_fields: tuple[Iterable[str], set[str]],
+    replace: bool = False,
+) -> None:
+    """Write a complete run in one step (an import, a fixture): staged in a hidden directory
+    beside ``out``, compacted, then moved into place. With ``replace`` an existing ``out`` is
+    moved aside first and deleted only once the new run is in place; on any failure the
+    staging directory is removed and ``out`` is as it was."""
+    out = Path(out)
+    stage = out.parent / f".{out.name}.staging-{uuid.uuid4().hex[:8]}"
+    old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:8]}"
+    try:
+        store = RunStore(stage)
+        store.create()
+        store.set_persona_fields(*persona_fields)
+        store.write_batch("000001", tables)
+        store.ensure_tables(("personas", "dialogues", "turns"))
+        store.compact_all()
+        store.write_json("manifest.json", dict(manifest))
+        for leftover in (store.tmp,):
+            leftover.rmdir()
+        if out.exists() and (replace or not any(out.iterdir())):
+            os.replace(out, old)
+        os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if old.exists() and not out.exists():
+            os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Reading a run directory's tables for evaluation.
+"""Reading a run directory's tables for evaluation (through :func:`spasm.dataset.open_run`).
 
 Only dialogues with ``status == "ok"`` are evaluated; extra columns are ignored, missing
 optional ones are filled, and a missing required table or column is a :class:`UserError`
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from spasm.dataset.reader import Run, open_run
 from spasm.errors import UserError
 
 __all__ = ["Conversation", "RunData", "load_run"]
@@ -67,23 +68,19 @@ class RunData:
         return {str(r["persona_id"]): {str(k): v for k, v in r.items()} for r in records}
 
 
-def _read_table(run_dir: Path, name: str) -> pd.DataFrame:
-    path = run_dir / f"{name}.parquet"
-    if not path.exists():
+def _read_table(run: Run, name: str) -> pd.DataFrame:
+    if not run.has(name):
         raise UserError(
-            f"{path} does not exist. `spasm eval` needs a run directory with personas.parquet, "
-            "dialogues.parquet and turns.parquet (written by `spasm run`, or by `spasm import` "
-            "from a JSONL dataset)."
+            f"{run.dir / (name + '.parquet')} does not exist. `spasm eval` needs a run directory "
+            "with personas.parquet, dialogues.parquet and turns.parquet (written by "
+            "`spasm generate`, or by `spasm import` from a JSONL dataset)."
         )
-    try:
-        df = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several unrelated types for bad files
-        raise UserError(f"Cannot read {path} as Parquet ({exc}); is the run complete?") from exc
+    df = run.df(name)
     missing = [c for c in _REQUIRED[name] if c not in df.columns]
     if missing:
         raise UserError(
-            f"{path} lacks the column(s) {', '.join(missing)}; it needs at least "
-            f"{', '.join(_REQUIRED[name])}."
+            f"{run.dir / (name + '.parquet')} lacks the column(s) {', '.join(missing)}; it needs "
+            f"at least {', '.join(_REQUIRED[name])}."
         )
     return df
 
@@ -94,20 +91,19 @@ def load_run(run_dir: str | Path) -> RunData:
     Raises:
         UserError: the directory, a table or a required column is missing.
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(
-            f"Run directory {run_dir} does not exist; pass the directory a run wrote (e.g. runs/<name>)."
-        )
-    personas = _read_table(run_dir, "personas")
-    dialogues = _read_table(run_dir, "dialogues")
-    turns = _read_table(run_dir, "turns")
+    run = open_run(run_dir)
+    run_dir = run.dir
+    personas = _read_table(run, "personas")
+    dialogues = _read_table(run, "dialogues")
+    turns = _read_table(run, "turns")
     n_total = len(dialogues)
 
     dialogues = dialogues.copy()
     for column, default in _DIALOGUE_DEFAULTS.items():
         if column not in dialogues.columns:
             dialogues[column] = pd.Series([default] * len(dialogues), index=dialogues.index)
+        else:
+            dialogues[column] = dialogues[column].where(dialogues[column].notna(), default)
     for column in ("dialogue_id", "persona_id", "condition", "pairing", "harness_level", "status"):
         dialogues[column] = dialogues[column].fillna("").astype(str)
     dialogues["conversation_index"] = (

@@ -31,7 +31,8 @@ from typing import Any
 import pandas as pd
 
 from spasm.errors import UserError
-from spasm.store import atomic_write_text
+from spasm.dataset import open_run
+from spasm.dataset.files import atomic_write_text
 
 __all__ = ["MEASUREMENT_ROLES", "ONE_OFF_ROLES", "level_report", "style_consistency"]
 
@@ -48,10 +49,8 @@ _FUNCTION_WORDS = (
 
 
 def _read(run_dir: Path, table: str) -> pd.DataFrame | None:
-    path = run_dir / f"{table}.parquet"
-    if not path.exists():
-        return None
-    return pd.read_parquet(path)
+    run = open_run(run_dir)
+    return run.df(table) if run.has(table) else None
 
 
 def _profile(texts: list[str]) -> list[float]:

@@ -1,0 +1,299 @@
+"""The public SPASM release (JSONL) into a run directory, and back.
+
+A release record, as the release's dataset card documents it::
+
+    {"persona_id": "P-001", "conversation_id": 0,
+     "persona_fields": {"age": 42, "occupation": "nurse", "location": "Leeds", ...},
+     "persona_description": "You are a 42-year-old nurse ...",
+     "turns": [{"speaker": "client", "turn_index": 0, "text": "..."},
+               {"speaker": "tested", "turn_index": 1, "text": "..."}],
+     "termination_reason": "natural"}
+
+``conversation_id`` numbers a persona's conversations (0–9 in the release): the pair
+(``persona_id``, ``conversation_id``) is unique, not ``conversation_id`` alone. The dialogue id
+is ``<persona_id>-k<conversation_id>`` and ``conversation_index`` is the number (a string id is
+kept as the dialogue id's tail, and the index counts that persona's conversations in file
+order). ``tested`` becomes ``responder``. ``condition`` and ``pairing`` come from the record
+when it has them, otherwise from the caller (``spasm import --condition/--pairing``).
+
+Persona fields map to the columns every spasm run has (docs/format.md has the table); the
+original ``persona_fields`` are kept verbatim in the ``persona_fields`` column, so
+:func:`export_spasm_jsonl` gives the records back, and fields with no column are not lost.
+The tables are written through :class:`~spasm.dataset.store.RunStore`, staged beside the
+target and moved in whole: a failed import leaves nothing behind, and ``--force`` replaces an
+earlier import only once the new one is complete.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from spasm.dataset.files import atomic_write_text
+from spasm.dataset.rows import SCHEMA_VERSION, DialogueRow, TurnRow
+from spasm.dataset.store import write_finished_run
+from spasm.errors import UserError
+
+__all__ = ["FIELD_ALIASES", "export_spasm_jsonl", "import_spasm_jsonl", "persona_columns"]
+
+_SPEAKERS = {
+    "client": "client", "user": "client", "persona": "client",
+    "tested": "responder", "responder": "responder", "assistant": "responder", "agent": "responder",
+}
+#: Release (and common) persona field names -> spasm's persona columns.
+FIELD_ALIASES = {
+    "name": "first_name",
+    "location": "city",
+    "interaction_domain": "domain",
+    "topic": "domain",
+    "concerns": "concern",
+    "emotion_intensity": "intensity",
+    "motivations": "motivation",
+    "job": "occupation",
+}
+_STYLE_KEYS = {"style", "behavioral_style", "behavioural_style", "behaviour", "behavior"}
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+def _scalar(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return "; ".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return str(value)
+
+
+def persona_columns(fields: Mapping[str, Any], columns: list[str], integer: set[str]) -> dict[str, Any]:
+    """Map a persona's fields (release names, nested style) onto the personas columns.
+
+    Fields without a column are dropped here (the caller keeps the original record).
+    """
+    flat: dict[str, Any] = {}
+    for key, value in fields.items():
+        name = FIELD_ALIASES.get(str(key).lower(), str(key).lower())
+        if isinstance(value, dict) and name in _STYLE_KEYS:
+            for sub, v in value.items():
+                flat[FIELD_ALIASES.get(str(sub).lower(), str(sub).lower())] = _scalar(v)
+        else:
+            flat[name] = value
+    out: dict[str, Any] = {}
+    for column in columns:
+        value = flat.get(column)
+        if column in integer:
+            try:
+                out[column] = None if value is None or isinstance(value, bool) else int(value)
+            except (TypeError, ValueError):
+                out[column] = None
+        else:
+            out[column] = _scalar(value)
+    return out
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise UserError(f"Cannot read {path}: {exc.strerror}.") from None
+    with fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise UserError(f"{path}:{line_no} is longer than {MAX_LINE_BYTES} bytes; "
+                                "is this a JSONL file?")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UserError(f"{path}:{line_no} is not UTF-8 text; is this a JSONL file?") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{line_no} is not valid JSON ({exc.msg}).") from None
+            if not isinstance(record, dict):
+                raise UserError(f"{path}:{line_no} is not a JSON object.")
+            yield line_no, record
+
+
+def _conversation_key(value: Any, where: str) -> tuple[str, int | None]:
+    """(dialogue-id tail, conversation index or None) of a release ``conversation_id``."""
+    if isinstance(value, bool) or not isinstance(value, int | str) or str(value).strip() == "":
+        raise UserError(f"{where}: conversation_id must be an integer or a non-empty string.")
+    text = str(value).strip()
+    if isinstance(value, int) or text.isdigit():
+        return f"k{int(text)}", int(text)
+    return text, None
+
+
+def _turn_rows(did: str, raw_turns: Any, where: str) -> list[TurnRow]:
+    if not isinstance(raw_turns, list) or not raw_turns:
+        raise UserError(f"{where}: turns must be a non-empty list.")
+    if not all(isinstance(t, dict) and "speaker" in t and "text" in t for t in raw_turns):
+        raise UserError(f"{where}: every turn needs 'speaker' and 'text'.")
+    ordered = sorted(enumerate(raw_turns), key=lambda it: (
+        it[1]["turn_index"] if isinstance(it[1].get("turn_index"), int) else it[0], it[0]))
+    rows = []
+    for index, (_, turn) in enumerate(ordered):
+        speaker = _SPEAKERS.get(str(turn["speaker"]).lower())
+        if speaker is None:
+            raise UserError(f"{where}: unknown speaker {turn['speaker']!r}; expected 'client' or 'tested'.")
+        rows.append(TurnRow(dialogue_id=did, turn_index=index, speaker=speaker,
+                            text=str(turn["text"] or "")))
+    return rows
+
+
+def _str(rec: Mapping[str, Any], *keys: str, default: str = "") -> str:
+    return next((str(rec[k]) for k in keys if rec.get(k) not in (None, "")), default)
+
+
+def import_spasm_jsonl(
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    condition: str = "ecp",
+    pairing: str = "unknown",
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write a run directory (personas, dialogues, turns, manifest) from a release JSONL file.
+
+    Returns the import summary (also the run's manifest.json).
+
+    Raises:
+        UserError: the file is missing or malformed (with its line), a (persona_id,
+            conversation_id) pair repeats, or ``out_dir`` already holds data.
+    """
+    from spasm.personas.schema import load_schema
+
+    src, out = Path(path), Path(out_dir)
+    if not src.is_file():
+        raise UserError(f"{src} does not exist; pass the path of a SPASM release .jsonl file.")
+    condition = condition.lower()
+    if condition not in ("ecp", "concat"):
+        raise UserError(f"Unknown condition {condition!r}; use --condition ecp or concat.")
+    _check_target(out, overwrite)
+    schema = load_schema(None)
+    columns, integer = schema.field_names, schema.integer_fields()
+    personas: dict[str, dict[str, Any]] = {}
+    dialogues: list[DialogueRow] = []
+    turns: list[TurnRow] = []
+    per_persona: Counter[str] = Counter()
+    seen: dict[tuple[str, str], int] = {}
+    for line_no, rec in _records(src):
+        where = f"{src}:{line_no}"
+        for key in ("persona_id", "conversation_id", "turns"):
+            if key not in rec:
+                raise UserError(f"{where} has no {key!r}; is this a SPASM release file?")
+        pid = str(rec["persona_id"])
+        tail, index = _conversation_key(rec["conversation_id"], where)
+        if (pid, tail) in seen:
+            raise UserError(f"{where} repeats persona_id {pid!r} with conversation_id "
+                            f"{rec['conversation_id']!r} (first on line {seen[(pid, tail)]}).")
+        seen[(pid, tail)] = line_no
+        fields = rec.get("persona_fields") or {}
+        if not isinstance(fields, dict):
+            raise UserError(f"{where}: persona_fields must be an object.")
+        if pid not in personas:
+            personas[pid] = {
+                "persona_id": pid, "persona_index": len(personas), "seed": 0,
+                **persona_columns(fields, columns, integer),
+                "card": str(rec.get("persona_description") or ""), "card_source": "import",
+                "persona_fields": json.dumps(fields, ensure_ascii=False),
+            }
+        did = f"{pid}-{tail}"
+        rows = _turn_rows(did, rec["turns"], where)
+        turns.extend(rows)
+        dialogues.append(DialogueRow(
+            dialogue_id=did, persona_id=pid,
+            conversation_index=index if index is not None else per_persona[pid],
+            condition=_str(rec, "condition", default=condition).lower(),
+            harness_level=_str(rec, "harness_level", default="A"),
+            pairing=_str(rec, "pairing", default=pairing),
+            client_backend=_str(rec, "client_backend"), client_model=_str(rec, "client_model"),
+            responder_backend=_str(rec, "responder_backend", "tested_backend"),
+            responder_model=_str(rec, "responder_model", "tested_model"),
+            seed=rec["seed"] if isinstance(rec.get("seed"), int) else 0,
+            n_utterances=len(rows), termination_reason=_str(rec, "termination_reason"),
+            source_id=json.dumps(rec["conversation_id"]),
+        ))
+        per_persona[pid] += 1
+    if not dialogues:
+        raise UserError(f"{src} holds no records.")
+    summary = {
+        "kind": "import", "schema_version": SCHEMA_VERSION, "source": str(src),
+        "source_sha256": _sha256(src),
+        "imported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "defaults": {"condition": condition, "pairing": pairing},
+        "counts": {"personas": len(personas), "dialogues": len(dialogues), "turns": len(turns)},
+        "tables": ["personas", "dialogues", "turns"],
+    }
+    write_finished_run(out, {"personas": list(personas.values()), "dialogues": dialogues,
+                             "turns": turns}, summary, persona_fields=(columns, integer),
+                       replace=overwrite)
+    return summary
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_target(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; name a directory for the run.")
+    if (out / "config.json").exists():
+        raise UserError(f"{out} holds a generated run; import into another directory (--out).")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"{out} already holds data; choose another --out or pass --force to "
+                        "replace an earlier import.")
+
+
+def export_spasm_jsonl(run_dir: str | Path, path: str | Path) -> int:
+    """Write a run's ok dialogues as SPASM-release JSONL; returns the record count.
+
+    The inverse of :func:`import_spasm_jsonl` (``responder`` becomes ``tested``; the original
+    ``persona_fields`` are used when the persona was imported).
+    """
+    from spasm.dataset.reader import open_run
+
+    run = open_run(run_dir)
+    personas = {str(p["persona_id"]): p for p in run.table("personas").to_pylist()}
+    fixed = {"persona_id", "persona_index", "seed", "card", "card_source", "verdicts",
+             "schema_name", "schema_version", "policy", "policy_version", "persona_fields"}
+    turns: dict[str, list[dict[str, Any]]] = {}
+    for t in run.table("turns", ["dialogue_id", "turn_index", "speaker", "text"]).to_pylist():
+        turns.setdefault(str(t["dialogue_id"]), []).append(t)
+    lines = []
+    for d in run.table("dialogues").to_pylist():
+        if d["status"] != "ok":
+            continue
+        p = personas.get(str(d["persona_id"]), {})
+        raw = p.get("persona_fields")
+        fields = json.loads(raw) if raw else {
+            k: v for k, v in p.items() if k not in fixed and v is not None}
+        ts = sorted(turns.get(str(d["dialogue_id"]), []), key=lambda t: int(t["turn_index"]))
+        lines.append(json.dumps({
+            "persona_id": d["persona_id"],
+            "conversation_id": _source_conversation_id(d),
+            "persona_fields": fields,
+            "persona_description": str(p.get("card") or ""),
+            "turns": [{"speaker": "client" if t["speaker"] == "client" else "tested",
+                       "turn_index": i, "text": t["text"]} for i, t in enumerate(ts)],
+            "termination_reason": d["termination_reason"] or "",
+        }, ensure_ascii=False, default=str))
+    atomic_write_text(path, "\n".join(lines) + ("\n" if lines else ""))
+    return len(lines)
+
+
+def _source_conversation_id(dialogue: Mapping[str, Any]) -> Any:
+    """The release's conversation_id of an imported dialogue (its index for generated ones)."""
+    source = dialogue.get("source_id")
+    return json.loads(source) if source else dialogue["conversation_index"]
