@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from spasm.config import RunConfig, load_config, parse_config
+from spasm.dataset import Run, open_run
 from spasm.engine import Engine, RunSummary
 from spasm.errors import ConfigError, RunError, SpasmError, UserError
 from spasm.history import History, Utterance
@@ -13,6 +14,7 @@ __all__ = [
     "Engine",
     "History",
     "RunConfig",
+    "Run",
     "RunError",
     "RunSummary",
     "SpasmError",
@@ -21,6 +23,7 @@ __all__ = [
     "Viewer",
     "get_projection",
     "load_config",
+    "open_run",
     "parse_config",
     "project",
     "register_projection",

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from spasm.store import RunStore
+from spasm.dataset import open_run
+from spasm.errors import UserError
 from spasm.testing import FaultPlan, TestServer
 from tests.conftest import endpoint_config
 
@@ -23,13 +24,16 @@ def _command(cfg: Path, run: Path) -> list[str]:
 
 
 def _committed_dialogues(run: Path) -> pd.DataFrame:
-    store = RunStore(run)
-    committed = {p.name for p in store.commits.glob("*")} if store.commits.exists() else set()
-    parts = [p for p in store.parts("dialogues")
-             if p.name[len("part-"):-len(".parquet")] in committed]
-    if not parts:
-        return pd.DataFrame()
-    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+    """What a reader sees while the run may still be writing (committed parts only)."""
+    for _ in range(50):
+        try:
+            run_data = open_run(run, verify=False)
+            if not run_data.has("dialogues"):
+                return pd.DataFrame()
+            return run_data.df("dialogues")
+        except (FileNotFoundError, UserError):
+            time.sleep(0.01)  # a concurrent compaction replaced the parts: read again
+    raise AssertionError("the dialogues table could not be read")
 
 
 def _wait_for(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]

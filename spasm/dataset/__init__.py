@@ -18,15 +18,25 @@ docs/format.md describes the run directory and its schema versions.
 from __future__ import annotations
 
 from spasm.dataset.reader import DialogueView, Run, SeenMessages, open_run, seen_messages
-from spasm.dataset.rows import SCHEMA_VERSION, CallRow, DialogueRow, ErrorRow, TurnRow
+from spasm.dataset.rows import (
+    SCHEMA_VERSION,
+    AnnotationRow,
+    CallRow,
+    DialogueRow,
+    ErrorRow,
+    QARow,
+    TurnRow,
+)
 from spasm.dataset.store import RunStore
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AnnotationRow",
     "CallRow",
     "DialogueRow",
     "DialogueView",
     "ErrorRow",
+    "QARow",
     "Run",
     "RunStore",
     "SeenMessages",

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from spasm.dataset.integrity import find_damage
 from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Row, arrow_schema
 from spasm.errors import UserError
 from spasm.history import History
@@ -111,15 +112,34 @@ def _conform(table: pa.Table, model: type[Row]) -> pa.Table:
 class Run:
     """A run directory opened for reading (see the module docstring)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, verify: bool = True) -> None:
         self.dir = Path(path)
         if not self.dir.is_dir():
             raise UserError(
                 f"Run directory {self.dir} does not exist; pass a directory that `spasm generate` "
                 "or `spasm import` wrote (e.g. runs/<name>)."
             )
-        commits = self.dir / ".commits"
-        self._committed = {p.name for p in commits.iterdir()} if commits.is_dir() else None
+        self._committed: set[str] | None = None
+        self._refresh()
+        if verify:
+            self.verify()
+
+    def verify(self) -> None:
+        """Check every committed part's row count and checksum against its commit marker.
+
+        Raises:
+            UserError: a part is damaged or missing (naming it; ``spasm generate`` on the same
+                run redoes the dialogues it held).
+        """
+        damage = find_damage(self.dir)
+        if damage:
+            listed = "; ".join(str(d) for d in damage[:5])
+            more = f" and {len(damage) - 5} more" if len(damage) > 5 else ""
+            raise UserError(
+                f"{self.dir} has damaged parts: {listed}{more}. Rerun `spasm generate` with the "
+                "same config and --out to redo what they held (cached calls are replayed), or "
+                "restore the run from a backup."
+            )
 
     # -- metadata ---------------------------------------------------------------------------
     def _json(self, name: str) -> dict[str, Any]:
@@ -177,14 +197,26 @@ class Run:
         except (OSError, pa.ArrowException) as exc:
             raise UserError(f"Cannot read {self.dir / table}.parquet as Parquet ({exc}).") from None
 
+    def _refresh(self) -> None:
+        commits = self.dir / ".commits"
+        self._committed = {p.name for p in commits.iterdir()} if commits.is_dir() else None
+
     def table(self, table: str, columns: list[str] | None = None) -> pa.Table:
         """A whole table as Arrow, conformed to the current schema for the fixed tables."""
-        dataset = self._dataset(table)
-        wanted = None if columns is None else [c for c in columns if c in dataset.schema.names]
-        try:
-            data = dataset.to_table(columns=wanted)
-        except (OSError, pa.ArrowException) as exc:
-            raise UserError(f"Cannot read {self.dir / table}.parquet ({exc}); is a part damaged?") from None
+        for attempt in range(3):
+            dataset = self._dataset(table)
+            wanted = None if columns is None else [c for c in columns if c in dataset.schema.names]
+            try:
+                data = dataset.to_table(columns=wanted)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise UserError(f"{self.dir} is changing under the reader (parts keep "
+                                    "being replaced); read it when the run has finished.") from None
+                self._refresh()  # the end-of-run compaction replaced the parts: list them again
+            except (OSError, pa.ArrowException) as exc:
+                raise UserError(
+                    f"Cannot read {self.dir / table}.parquet ({exc}); is a part damaged?") from None
         model = ROW_MODELS.get(table)
         if model is not None:
             data = _conform(data, model)
@@ -237,6 +269,6 @@ class Run:
         return DialogueView(row, persona, turns)
 
 
-def open_run(path: str | Path) -> Run:
-    """Open a run directory for reading."""
-    return Run(path)
+def open_run(path: str | Path, *, verify: bool = True) -> Run:
+    """Open a run directory for reading; ``verify`` checks every committed part first."""
+    return Run(path, verify=verify)

@@ -27,9 +27,11 @@ from pydantic import BaseModel, ConfigDict, create_model
 __all__ = [
     "ROW_MODELS",
     "SCHEMA_VERSION",
+    "AnnotationRow",
     "CallRow",
     "DialogueRow",
     "ErrorRow",
+    "QARow",
     "Row",
     "TurnRow",
     "arrow_schema",
@@ -195,6 +197,46 @@ class ErrorRow(Row):
     failed_at: When
 
 
+class QARow(Row):
+    """One QA finding of ``spasm qa`` / ``spasm export`` (SPEC §10); the table is replaced
+    whole by each scan."""
+
+    table: ClassVar[str] = "qa"
+    keys: ClassVar[tuple[str, ...]] = ("dialogue_id", "turn_index", "kind", "start")
+
+    dialogue_id: Str
+    #: The utterance the finding is in (``None``: the whole dialogue, e.g. a duplicate).
+    turn_index: Annotated[int | None, INT32] = None
+    #: ai_identity | prompt_leak | email | phone | url | number | empty_turn | alternation |
+    #: duplicate | near_duplicate | role_flip
+    kind: Str
+    #: What was found (the matched text, or the other dialogue's id for a duplicate).
+    evidence: Str
+    #: Character offsets of the match in the utterance (``None`` for dialogue-level findings).
+    start: Annotated[int | None, INT32] = None
+    end: Annotated[int | None, INT32] = None
+    #: The placeholder an export puts in its place (``[EMAIL]`` …), ``None`` if not redactable.
+    redaction: OptStr = None
+    found_at: When
+
+
+class AnnotationRow(Row):
+    """One human label of a dialogue. Append-only: a later label by the same annotator
+    supersedes an earlier one (the latest ``labelled_at`` wins) without erasing it."""
+
+    table: ClassVar[str] = "annotations"
+    keys: ClassVar[tuple[str, ...]] = ("annotation_id",)
+
+    annotation_id: Str
+    dialogue_id: Str
+    annotator: Str
+    #: none | client | responder | both
+    echoing: OptStr = None
+    role_flip: Annotated[bool | None, BOOL] = None
+    note: OptStr = None
+    labelled_at: When
+
+
 class _PersonaBase(Row):
     table: ClassVar[str] = "personas"
     keys: ClassVar[tuple[str, ...]] = ("persona_index",)
@@ -246,5 +288,5 @@ def rejection_row_model(field_names: Iterable[str], integer_fields: set[str]) ->
 
 #: The fixed tables and their row models (personas tables depend on the persona schema).
 ROW_MODELS: dict[str, type[Row]] = {
-    m.table: m for m in (DialogueRow, TurnRow, CallRow, ErrorRow)
+    m.table: m for m in (DialogueRow, TurnRow, CallRow, ErrorRow, QARow, AnnotationRow)
 }

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from spasm.dataset.files import atomic_write_json
+from spasm.dataset.integrity import Damage, find_damage, part_record
 from spasm.dataset.rows import ROW_MODELS, Row, arrow_schema, persona_row_model, rejection_row_model
 from spasm.errors import FormatError
 
@@ -129,17 +130,22 @@ class RunStore:
         atomic_write_json(self.dir / name, data)
 
     # -- writing --------------------------------------------------------------------------
-    def _write_part(self, table: str, rows: Sequence[RowLike], name: str, allow_empty: bool) -> None:
+    def _write_part(
+        self, table: str, rows: Sequence[RowLike], name: str, allow_empty: bool
+    ) -> dict[str, Any] | None:
         if not rows and not allow_empty:
-            return
+            return None
         data = rows_to_table(table, self.model(table), rows)
         tmp = self.tmp / f"{table}-{name}"
         pq.write_table(data, tmp, compression="zstd")
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        record = part_record(tmp, data.num_rows)
+        record["file"] = name
         target_dir = self.table_dir(table)
         target_dir.mkdir(exist_ok=True)
         os.replace(tmp, target_dir / name)
+        return record
 
     def write_batch(
         self, batch_id: str, tables: Mapping[str, Sequence[RowLike]], allow_empty: bool = False
@@ -157,9 +163,13 @@ class RunStore:
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.commits.mkdir(parents=True, exist_ok=True)
         name = f"part-{batch_id}.parquet"
+        parts: dict[str, Any] = {}
         for table, rows in tables.items():
-            self._write_part(table, rows, name, allow_empty)
-        (self.commits / batch_id).touch()
+            record = self._write_part(table, rows, name, allow_empty)
+            if record is not None:
+                parts[table] = record
+        # The marker is the commit: it names each part with its row count and checksum.
+        atomic_write_json(self.commits / batch_id, {"parts": parts})
 
     # -- recovery ---------------------------------------------------------------------------
     def recover(self) -> int:
@@ -191,6 +201,27 @@ class RunStore:
                     removed += 1
         return removed
 
+    def repair(self) -> list[Damage]:
+        """Find committed parts that are damaged or missing and remove what depends on them, so
+        the dialogues they held are redone (from the cache, mostly). A damaged batch loses all
+        its parts; a damaged compacted part loses every table's parts (its rows span batches).
+        Returns what was found."""
+        damage = find_damage(self.dir)
+        if not damage:
+            return []
+        if any(d.batch.startswith("compacted") for d in damage):
+            for table_dir in self.dir.glob("*.parquet"):
+                if table_dir.is_dir():
+                    shutil.rmtree(table_dir)
+            shutil.rmtree(self.commits, ignore_errors=True)
+            self.commits.mkdir()
+            return damage
+        for batch in {d.batch for d in damage}:
+            for part in self.dir.glob(f"*.parquet/part-{batch}.parquet"):
+                part.unlink()
+            (self.commits / batch).unlink(missing_ok=True)
+        return damage
+
     # -- reading (the engine's bookkeeping) -------------------------------------------------
     def parts(self, table: str) -> list[Path]:
         d = self.table_dir(table)
@@ -220,17 +251,39 @@ class RunStore:
         keys = [k for k in (model.keys if model else ()) if k in data.column_names]
         if keys:
             data = _dedupe_sorted(data.sort_by([(k, "ascending") for k in keys]), keys)
+        self._publish(table, data, parts)
+
+    def _publish(self, table: str, data: pa.Table, replaces: list[Path]) -> None:
+        """Move ``data`` in as the table's one compacted part, replacing ``replaces``; a
+        journal lets :meth:`recover` finish the swap after a crash (never both, never none)."""
+        self.tmp.mkdir(parents=True, exist_ok=True)
         name = f"part-compacted-{uuid.uuid4().hex[:8]}.parquet"
         tmp = self.tmp / name
         pq.write_table(data, tmp, compression="zstd")
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        record = part_record(tmp, data.num_rows)
+        record["file"] = name
         result = self.table_dir(table) / name
+        result.parent.mkdir(exist_ok=True)
         atomic_write_json(self.dir / ".compaction.json",
-                          {"result": str(result), "replaces": [str(p) for p in parts]})
+                          {"result": str(result), "replaces": [str(p) for p in replaces]})
         os.replace(tmp, result)
-        for p in parts:
+        self.commits.mkdir(exist_ok=True)
+        atomic_write_json(self.commits / name[len("part-") : -len(".parquet")],
+                          {"parts": {table: record}})
+        for p in replaces:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)
+            if p.name.startswith("part-compacted-"):  # its marker goes with it
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.commits / p.name[len("part-") : -len(".parquet")])
         (self.dir / ".compaction.json").unlink()
+
+    def replace_table(self, table: str, rows: Sequence[RowLike]) -> None:
+        """Replace a whole table (e.g. the ``qa`` findings of a new scan) in one commit:
+        a crash leaves the old table or the new one, and :meth:`recover` finishes the swap."""
+        self._publish(table, rows_to_table(table, self.model(table), rows), self.parts(table))
 
     def ensure_tables(self, tables: Iterable[str]) -> None:
         """Give every named table at least an empty, typed part, so readers always find it."""

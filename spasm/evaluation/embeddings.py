@@ -28,7 +28,6 @@ import hashlib
 import importlib.util
 import os
 import re
-import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,8 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from spasm.dataset.files import atomic_write
 from spasm.errors import MissingKeyError, RunError, UserError
-from spasm.evaluation.files import publish_mode
 
 __all__ = [
     "CachedEmbedder",
@@ -436,17 +435,11 @@ class EmbeddingCache:
         # uint8 rows, not an "S32" array: numpy strips trailing NUL bytes from S-strings,
         # which would corrupt the ~1 in 256 digests that end in 0x00.
         key_array = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), 32)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".npz")
-        try:
-            publish_mode(fd)
-            with os.fdopen(fd, "wb") as fh:
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as fh:
                 np.savez(fh, keys=key_array, vectors=np.asarray(vectors, dtype=np.float32))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.directory / f"shard-{uuid.uuid4().hex}.npz")
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+
+        atomic_write(self.directory / f"shard-{uuid.uuid4().hex}.npz", write)
 
 
 class CachedEmbedder:
