@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from spasm.config import BackendConfig
 from spasm.evaluation import Metrics, evaluate, register_embedder
 from spasm.evaluation.drift import (
     dialogue_means,
@@ -19,6 +22,7 @@ from spasm.evaluation.drift import (
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.synthetic import write_run
 from spasm.evaluation.testing import LookupEmbedder
+from spasm.testing import FaultPlan, TestServer
 
 register_embedder("lookup", LookupEmbedder)
 
@@ -162,13 +166,21 @@ def _probe_run(tmp_path: Path) -> Path:
     return write_run(tmp_path, [PERSONA], [{"dialogue_id": "d1", "persona_id": "p1", "texts": texts}])
 
 
+def _endpoint(server: TestServer) -> BackendConfig:
+    # One attempt per call: a failed call falls back at once instead of after the backoff.
+    return BackendConfig(kind="openai", base_url=server.base_url, model="probe-m", max_attempts=1)
+
+
+def _last_client_turn(body: dict[str, Any]) -> str:
+    first_ask = body["messages"][1]["content"]  # the conversation, also in a re-ask
+    return str(first_ask.rsplit("Client: ", 1)[1].split()[0])  # "c0" | "c1" | "c2"
+
+
 def test_probe_mode_uses_the_llm_stances(tmp_path: Path) -> None:
     run = _probe_run(tmp_path)
-    seen_temperatures: list[float] = []
 
-    async def chat(messages: list[dict[str, str]], temperature: float) -> str:
-        seen_temperatures.append(temperature)
-        last = messages[-1]["content"].rsplit("Client: ", 1)[1].split()[0]  # "c0" | "c1" | "c2"
+    def reply(body: dict[str, Any]) -> str:
+        last = _last_client_turn(body)
         return json.dumps(
             {
                 "concerns": "SAME CONCERN",
@@ -185,55 +197,76 @@ def test_probe_mode_uses_the_llm_stances(tmp_path: Path) -> None:
         "MOT-c1": E[6],
         "MOT-c2": -E[6],
     }
-    m = evaluate(
-        run,
-        embedder="lookup",
-        embedder_options={"table": table, "dim": DIM},
-        mode="probe",
-        chat=chat,
-        write=False,
-        progress=False,
-    )
-    assert set(seen_temperatures) == {0.3}
+    with TestServer(reply=reply) as srv:
+        m = evaluate(
+            run,
+            embedder="lookup",
+            embedder_options={"table": table, "dim": DIM},
+            mode="probe",
+            llm_config=_endpoint(srv),
+            write=False,
+            progress=False,
+        )
+        bodies = srv.requests
+    assert {b["temperature"] for b in bodies} == {0.3} and {b["model"] for b in bodies} == {"probe-m"}
+    assert all(b["response_format"]["type"] == "json_schema" for b in bodies)
     assert m.drift.probe_calls == 3 and m.drift.probe_fallbacks == 0
     assert _curve(m, "concerns") == pytest.approx([0.0, 0.0, 0.0])
     assert _curve(m, "emotion") == pytest.approx([0.0, 1.0, 1.0])
     assert _curve(m, "motivation") == pytest.approx([0.0, 0.0, 2.0])
+    calls = pd.read_parquet(run / "calls.parquet")
+    assert list(calls.role) == ["eval_probe"] * 3 and set(calls.dialogue_id) == {"d1"}
 
 
 def test_probe_reasks_once_then_falls_back_to_the_utterance(tmp_path: Path) -> None:
-    run = _probe_run(tmp_path)
     replies: list[str] = []
 
-    async def flaky(messages: list[dict[str, str]], temperature: float) -> str:
-        # The re-ask carries the parse error; answer properly the second time.
-        if "could not be used" in messages[-1]["content"]:
+    def flaky(body: dict[str, Any]) -> str:
+        # The re-ask carries the validation error; answer properly the second time.
+        if "did not validate" in body["messages"][-1]["content"]:
             replies.append("fixed")
             return '```json\n{"concerns": "x", "emotion": "y", "motivation": "z"}\n```'
         replies.append("broken")
         return "Sure! concerns: x"
 
-    m = evaluate(run, embedder="lookup", mode="probe", chat=flaky, write=False, progress=False)
+    with TestServer(reply=flaky) as srv:
+        m = evaluate(
+            _probe_run(tmp_path / "a"), embedder="lookup", mode="probe", llm_config=_endpoint(srv),
+            write=False, progress=False,
+        )
     assert m.drift.probe_calls == 6 and m.drift.probe_fallbacks == 0
     assert replies.count("fixed") == 3
 
-    async def hopeless(messages: list[dict[str, str]], temperature: float) -> str:
-        return '{"concerns": ""}'
-
     table = {"c0": E[0], "c1": E[0], "c2": E[1]}
-    m = evaluate(
-        run,
-        embedder="lookup",
-        embedder_options={"table": table, "dim": DIM},
-        mode="probe",
-        chat=hopeless,
-        write=False,
-        progress=False,
-    )
+    with TestServer(reply=lambda body: '{"concerns": ""}') as srv:
+        m = evaluate(
+            _probe_run(tmp_path / "b"),
+            embedder="lookup",
+            embedder_options={"table": table, "dim": DIM},
+            mode="probe",
+            llm_config=_endpoint(srv),
+            write=False,
+            progress=False,
+        )
     assert m.drift.probe_calls == 6 and m.drift.probe_fallbacks == 3
     # Fallback: each stance is the utterance itself, so every dimension follows it.
     for dim in ("concerns", "emotion", "motivation", "utterance"):
         assert _curve(m, dim) == pytest.approx([0.0, 0.0, 1.0])
+    assert any("Every probe fell back" in n for n in m.drift.notes)
+
+    with TestServer(FaultPlan(rate_500=1.0)) as srv:  # every call fails: every turn falls back
+        m = evaluate(
+            _probe_run(tmp_path / "c"),
+            embedder="lookup",
+            embedder_options={"table": table, "dim": DIM},
+            mode="probe",
+            llm_config=_endpoint(srv),
+            write=False,
+            progress=False,
+        )
+    assert m.drift.probe_calls == 3 and m.drift.probe_fallbacks == 3
+    assert m.llm is not None and m.llm.outcomes == {"server_error": 3}
+    assert _curve(m, "emotion") == pytest.approx([0.0, 0.0, 1.0])
 
 
 def test_one_turn_dialogues_have_no_mean() -> None:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 
+from spasm.config import BackendConfig
 from spasm.evaluation import evaluate
 from spasm.evaluation.echoing import role_cues, rule_echoing
 from spasm.evaluation.embeddings import LocalOnnxEmbedder
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.stats import wilson_interval
 from spasm.evaluation.synthetic import write_run
+from spasm.testing import FaultPlan, TestServer
 
 NORMAL = [
     "Hi, my washing machine stopped spinning last week and it's only eight months old. "
@@ -154,12 +158,16 @@ def test_echoing_rates_per_pairing_and_condition(tmp_path: Path) -> None:
     assert [e.dialogue_id for e in m.echoing.examples] == ["e1"]
 
 
+def _judge_config(server: TestServer) -> BackendConfig:
+    # One attempt per call: a failed call falls back at once instead of after the backoff.
+    return BackendConfig(kind="openai", base_url=server.base_url, model="judge-m", max_attempts=1)
+
+
 def test_judge_verdicts_and_fallback_to_the_rule(tmp_path: Path) -> None:
     run = _echo_run(tmp_path)
-    temperatures: list[float] = []
 
-    async def judge(messages: list[dict[str, str]], temperature: float) -> str:
-        temperatures.append(temperature)
+    def judge(body: dict[str, Any]) -> str:
+        messages = body["messages"]
         assert "ECHOING" in messages[0]["content"]
         convo = messages[1]["content"]
         if "You should have fixed" in convo:  # the angry one: always inconsistent -> fallback
@@ -170,44 +178,35 @@ def test_judge_verdicts_and_fallback_to_the_rule(tmp_path: Path) -> None:
             )
         return json.dumps({"echoing": False, "who": "none", "evidence": []})
 
-    m = evaluate(run, judge=True, chat=judge, write=False, progress=False)
+    with TestServer(reply=judge) as srv:
+        m = evaluate(run, judge=True, llm_config=_judge_config(srv), write=False, progress=False)
+        bodies = srv.requests
     assert m.echoing.method == "judge"
     assert m.echoing.judge_calls == 5 and m.echoing.judge_fallbacks == 1
-    assert set(temperatures) == {0.3}
+    assert {b["temperature"] for b in bodies} == {0.3} and {b["model"] for b in bodies} == {"judge-m"}
     (example,) = m.echoing.examples
     assert example.dialogue_id == "e1" and example.method == "judge"
     assert example.evidence == ["Here are some steps you can take"]
     assert m.echoing.kappa_rule_vs_judge == pytest.approx(1.0)
+    calls = pd.read_parquet(run / "calls.parquet")
+    assert set(calls.role) == {"eval_judge"} and len(calls) == 5
+    angry = calls[calls.dialogue_id == "n2"]
+    assert list(angry.outcome) == ["invalid_output", "invalid_output"]
+    assert angry.error.str.contains('"who" must be').all()
 
 
-def test_judge_over_an_openai_compatible_endpoint(tmp_path: Path) -> None:
-    from spasm.evaluation import openai_chat_fn
-    from spasm.testing import FaultPlan, TestServer
-
+def test_a_failing_judge_falls_back_to_the_rule_everywhere(tmp_path: Path) -> None:
     run = _echo_run(tmp_path)
-
-    def reply(body: dict[str, object]) -> str:
-        convo = str(body["messages"][-1]["content"])  # type: ignore[index]
-        echo = "Here are some steps" in convo
-        return json.dumps({"echoing": echo, "who": "client" if echo else "none", "evidence": []})
-
-    with TestServer(reply=reply) as srv:
-        chat = openai_chat_fn(model="judge-m", base_url=srv.base_url, api_key_env=None)
-        m = evaluate(run, judge=True, chat=chat, write=False, progress=False)
-        bodies = srv.requests
-    assert m.echoing.judge_calls == 4 and m.echoing.judge_fallbacks == 0
-    assert m.echoing.overall.n_echoing == 1
-    assert {b["temperature"] for b in bodies} == {0.3} and {b["model"] for b in bodies} == {"judge-m"}
-
     with TestServer(FaultPlan(rate_500=1.0)) as srv:  # every call fails: all fall back
-        chat = openai_chat_fn(model="judge-m", base_url=srv.base_url, api_key_env=None, max_retries=0)
-        m = evaluate(run, judge=True, chat=chat, write=False, progress=False)
-    assert m.echoing.judge_fallbacks == 4 and m.echoing.overall.n_echoing == 1  # the rule's
+        m = evaluate(run, judge=True, llm_config=_judge_config(srv), write=False, progress=False)
+    assert m.echoing.judge_calls == 4 and m.echoing.judge_fallbacks == 4
+    assert m.echoing.overall.n_echoing == 1  # the rule's
+    assert {e.method for e in m.echoing.examples} == {"rule"}
+    calls = pd.read_parquet(run / "calls.parquet")
+    assert set(calls.outcome) == {"server_error"} and len(calls) == 4
 
 
 def test_human_annotations_give_kappa(tmp_path: Path) -> None:
-    import pandas as pd
-
     run = _echo_run(tmp_path)
     pd.DataFrame(
         {

@@ -8,7 +8,9 @@ Typical use::
 
 Modules, one per concern: :mod:`~spasm.evaluation.embeddings` (models and cache),
 :mod:`~spasm.evaluation.loader` (run tables), :mod:`~spasm.evaluation.drift`,
-:mod:`~spasm.evaluation.echoing`, :mod:`~spasm.evaluation.separability`,
+:mod:`~spasm.evaluation.echoing` (the rule), :mod:`~spasm.evaluation.judge` (the LLM judge),
+:mod:`~spasm.evaluation.llm` (how the probe and the judge reach a model: the engine's caller),
+:mod:`~spasm.evaluation.summary` (rates and agreement), :mod:`~spasm.evaluation.separability`,
 :mod:`~spasm.evaluation.report`, :mod:`~spasm.evaluation.importer`,
 :mod:`~spasm.evaluation.compare` and :mod:`~spasm.evaluation.cli`.
 
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
         register_embedder,
     )
     from spasm.evaluation.importer import export_spasm_jsonl, import_spasm_jsonl
-    from spasm.evaluation.llm import ChatFn, openai_chat_fn
     from spasm.evaluation.loader import Conversation, RunData, load_run
     from spasm.evaluation.metrics import Metrics
     from spasm.evaluation.pipeline import evaluate, load_metrics
@@ -54,8 +55,6 @@ _WHERE = {
     "register_embedder": "embeddings",
     "export_spasm_jsonl": "importer",
     "import_spasm_jsonl": "importer",
-    "ChatFn": "llm",
-    "openai_chat_fn": "llm",
     "Conversation": "loader",
     "RunData": "loader",
     "load_run": "loader",
@@ -68,7 +67,6 @@ _WHERE = {
 
 __all__ = [
     "CachedEmbedder",
-    "ChatFn",
     "Conversation",
     "Embedder",
     "EmbeddingCache",
@@ -85,7 +83,6 @@ __all__ = [
     "import_spasm_jsonl",
     "load_metrics",
     "load_run",
-    "openai_chat_fn",
     "register_embedder",
     "render_report",
     "write_report",

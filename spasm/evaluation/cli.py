@@ -10,11 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spasm.errors import UserError
 
+if TYPE_CHECKING:
+    from spasm.config import BackendConfig
+
 __all__ = ["cmd_compare", "cmd_eval", "cmd_import", "register"]
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 
 def _add_eval_options(p: argparse.ArgumentParser) -> None:
@@ -50,20 +55,41 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
         help="drift mode: cheap (utterances, default) or probe (LLM-stated stances)",
     )
     p.add_argument(
-        "--judge", action="store_true", help="decide echoing with an LLM judge (needs --llm-model)"
+        "--judge",
+        action="store_true",
+        help="decide echoing with an LLM judge (the run's own backend unless told otherwise)",
     )
-    p.add_argument("--llm-model", metavar="MODEL", default=None, help="chat model for --mode probe / --judge")
+    p.add_argument(
+        "--llm-backend",
+        metavar="NAME",
+        default=None,
+        help="backend of RUN_DIR/config.json for --mode probe / --judge (default: the first "
+        "pairing's client), or 'embedded' for the embedded model",
+    )
+    p.add_argument(
+        "--llm-model",
+        metavar="MODEL",
+        default=None,
+        help="use an OpenAI-compatible endpoint instead: the chat model for probe/judge",
+    )
     p.add_argument(
         "--llm-base-url",
         metavar="URL",
         default=None,
-        help="base URL of the OpenAI-compatible chat endpoint for probe/judge",
+        help=f"base URL of that endpoint (default {OPENAI_BASE_URL})",
     )
     p.add_argument(
         "--llm-api-key-env",
         metavar="VAR",
         default="OPENAI_API_KEY",
-        help="NAME of the environment variable with the chat key ('none': no key)",
+        help="NAME of the environment variable with that endpoint's key ('none': no key)",
+    )
+    p.add_argument(
+        "--llm-max-tokens",
+        metavar="N",
+        type=int,
+        default=400,
+        help="cap on each probe/judge reply (default 400)",
     )
     p.add_argument(
         "--retrieval",
@@ -138,10 +164,45 @@ def _key_env(value: str) -> str | None:
     return None if value.strip().lower() in ("none", "") else value
 
 
+def _llm_choice(args: argparse.Namespace) -> tuple[str | None, BackendConfig | None]:
+    """The probe/judge backend the flags ask for: a name, an endpoint config, or neither."""
+    from pydantic import ValidationError
+
+    from spasm.config import BackendConfig, format_validation_error
+
+    endpoint = args.llm_model is not None or args.llm_base_url is not None
+    if not (args.mode == "probe" or args.judge):
+        if endpoint or args.llm_backend is not None:
+            raise UserError(
+                "The --llm-* options choose the LLM of --mode probe and --judge; add one of those."
+            )
+        return None, None
+    if args.llm_max_tokens < 1:
+        raise UserError("--llm-max-tokens must be at least 1.")
+    if not endpoint:
+        return args.llm_backend, None
+    if args.llm_backend is not None:
+        raise UserError(
+            "--llm-backend picks a backend of the run; --llm-model/--llm-base-url describe another "
+            "endpoint. Use one or the other."
+        )
+    if not args.llm_model:
+        raise UserError("--llm-base-url needs --llm-model (the model name that endpoint serves).")
+    try:
+        config = BackendConfig(
+            kind="openai",
+            base_url=args.llm_base_url or OPENAI_BASE_URL,
+            model=args.llm_model,
+            api_key_env=_key_env(args.llm_api_key_env),
+        )
+    except ValidationError as exc:
+        raise UserError(format_validation_error(exc, "--llm-* options")) from None
+    return "eval", config
+
+
 def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
     _require_extras()
     from spasm.evaluation.embeddings import available_embedders
-    from spasm.evaluation.llm import openai_chat_fn
     from spasm.evaluation.pipeline import evaluate
 
     if args.mode not in ("cheap", "probe"):
@@ -166,25 +227,16 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
             options["model"] = args.embedding_model
     elif args.embedder == "sentence-transformers" and args.embedding_model:
         options = {"model": args.embedding_model}
-    chat = None
-    if args.mode == "probe" or args.judge:
-        if not args.llm_model:
-            raise UserError(
-                "--mode probe and --judge need an LLM: pass --llm-model (and "
-                "--llm-base-url for a non-OpenAI endpoint)."
-            )
-        chat = openai_chat_fn(
-            model=args.llm_model,
-            base_url=args.llm_base_url,
-            api_key_env=_key_env(args.llm_api_key_env),
-        )
+    llm_backend, llm_config = _llm_choice(args)
     return evaluate(
         args.run_dir,
         embedder=args.embedder,
         embedder_options=options,
         mode=args.mode,
-        chat=chat,
         judge=args.judge,
+        llm_backend=llm_backend,
+        llm_config=llm_config,
+        llm_max_tokens=args.llm_max_tokens,
         retrieval=args.retrieval,
         out_dir=out,
         concurrency=args.concurrency,
@@ -207,6 +259,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     o = metrics.echoing.overall
     if o.rate is not None:
         print(f"Echoing ({metrics.echoing.method}): {o.n_echoing}/{o.n} = {o.rate:.1%}")
+    if metrics.llm is not None:
+        u, d, e = metrics.llm, metrics.drift, metrics.echoing
+        print(
+            f"LLM {u.backend} ({u.model}): {u.calls} calls, {u.cache_hits} from cache, "
+            f"{u.prompt_tokens + u.completion_tokens} tokens, cost {u.cost:.4f}; logged in "
+            f"{Path(args.run_dir) / 'calls.parquet'}"
+        )
+        if metrics.mode == "probe":
+            print(f"Probe fallbacks: {d.probe_fallbacks} of {metrics.counts.client_turns} client turns")
+        if metrics.judge:
+            print(f"Judge fallbacks: {e.judge_fallbacks} of {metrics.counts.dialogues_ok} dialogues")
     print(f"Wrote {out / 'metrics.json'}")
     print(f"Wrote {out / 'report.html'}")
     return 0

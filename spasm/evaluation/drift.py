@@ -13,8 +13,9 @@ cheap (default, no LLM)
     how far each utterance is from what the card says the Client cares about.
 probe
     an LLM reads the dialogue up to client turn t and states the Client's current
-    concerns, emotion and motivation (JSON, temperature 0.3); A0/At are the statements
-    at turns 0 and t. The ``utterance`` dimension is kept as in cheap mode.
+    concerns, emotion and motivation (structured output through the engine's Caller, the
+    backend's judge temperature, 0.3 by default); A0/At are the statements at turns 0 and t.
+    The ``utterance`` dimension is kept as in cheap mode.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from spasm.evaluation.embeddings import FloatArray
-from spasm.evaluation.llm import ChatFn, ask_structured
+from spasm.evaluation.llm import PROBE_ROLE, EvalSession
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import ConditionSummary, DriftPoint, PairedComparison
 from spasm.evaluation.stats import mean_ci, paired_test
+from spasm.projection import Message
 
 __all__ = [
     "PERSONA_DIMENSIONS",
@@ -182,7 +184,7 @@ _PROBE_SYSTEM = (
 )
 
 
-def _probe_messages(conv: Conversation, upto: int) -> list[dict[str, str]]:
+def _probe_messages(conv: Conversation, upto: int) -> list[Message]:
     lines = [
         f"{'Client' if s == 'client' else 'Responder'}: {t}"
         for s, t in zip(conv.speakers[: upto + 1], conv.texts[: upto + 1], strict=True)
@@ -197,49 +199,51 @@ async def probe_drift(
     conversations: Sequence[Conversation],
     client_vectors: Mapping[str, FloatArray],
     embed: Embed,
-    chat: ChatFn,
+    llm: EvalSession,
     *,
     concurrency: int = 8,
-    temperature: float = 0.3,
     on_done: Callable[[int], None] | None = None,
 ) -> tuple[DriftSeries, int, int]:
-    """Probe-mode drift: one LLM call (plus at most one re-ask) per client turn.
+    """Probe-mode drift: one structured call (role ``eval_probe``, plus at most one re-ask)
+    per client turn, through the engine's :class:`~spasm.calls.Caller`.
 
-    A turn whose probe fails twice falls back to its utterance as the stance on every
-    dimension (counted in the returned fallbacks).
+    A turn whose probe never validates, or whose call fails, falls back to its utterance as
+    the stance on every dimension (counted in the returned fallbacks). A dialogue's turns
+    are probed one after another (they share its call scope); ``concurrency`` dialogues at
+    once.
 
     Returns:
-        ``(series, calls, fallbacks)``.
+        ``(series, calls, fallbacks)``; ``calls`` counts every request (re-asks, retries and
+        cache hits too).
     """
     stances: dict[tuple[str, int], dict[str, str]] = {}
-    counters = {"calls": 0, "fallbacks": 0}
+    fallbacks = 0
     limiter = anyio.CapacityLimiter(concurrency)
 
-    async def probe_one(conv: Conversation, k: int, upto: int, utterance: str) -> None:
+    async def probe_dialogue(conv: Conversation) -> None:
+        nonlocal fallbacks
         async with limiter:
-            parsed, calls = await ask_structured(
-                chat, _probe_messages(conv, upto), StanceProbe, temperature=temperature
-            )
-        counters["calls"] += calls
-        if parsed is None:
-            counters["fallbacks"] += 1
-            stances[(conv.dialogue_id, k)] = {d: utterance for d in PERSONA_DIMENSIONS}
-        else:
-            stances[(conv.dialogue_id, k)] = {
-                "concerns": parsed.concerns,
-                "emotion": parsed.emotion,
-                "motivation": parsed.motivation,
-            }
-        if on_done is not None:
-            on_done(1)
+            turns = [(i, t) for i, (s, t) in enumerate(zip(conv.speakers, conv.texts, strict=True))
+                     if s == "client"]
+            for k, (i, utterance) in enumerate(turns):
+                parsed = await llm.structured(
+                    PROBE_ROLE, conv.dialogue_id, _probe_messages(conv, i), StanceProbe
+                )
+                if parsed is None:
+                    fallbacks += 1
+                    stances[(conv.dialogue_id, k)] = {d: utterance for d in PERSONA_DIMENSIONS}
+                else:
+                    stances[(conv.dialogue_id, k)] = {
+                        "concerns": parsed.concerns,
+                        "emotion": parsed.emotion,
+                        "motivation": parsed.motivation,
+                    }
+                if on_done is not None:
+                    on_done(1)
 
     async with anyio.create_task_group() as tg:
         for conv in conversations:
-            k = 0
-            for i, (speaker, text) in enumerate(zip(conv.speakers, conv.texts, strict=True)):
-                if speaker == "client":
-                    tg.start_soon(probe_one, conv, k, i, text)
-                    k += 1
+            tg.start_soon(probe_dialogue, conv)
 
     texts = sorted({t for s in stances.values() for t in s.values()})
     vecs = embed(texts)
@@ -255,7 +259,7 @@ async def probe_drift(
             rows = vecs[[index[stances[(conv.dialogue_id, k)][dim]] for k in range(n)]]
             series[dim] = drift_from_anchor(rows[0], rows)
         out[conv.dialogue_id] = series
-    return out, counters["calls"], counters["fallbacks"]
+    return out, llm.calls(PROBE_ROLE), fallbacks
 
 
 def dialogue_means(series: DriftSeries) -> dict[str, dict[str, float]]:

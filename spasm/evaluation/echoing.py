@@ -24,7 +24,7 @@ rule (default, no LLM)
     fix this" is not echoing unless its words or its voice also came from the partner.
     Parroting (60% or more of an utterance's content 3-grams copied from the partner)
     suffices on its own.
-judge (optional)
+judge (optional, :mod:`spasm.evaluation.judge`)
     an LLM reads the conversation with a written rubric and returns
     ``{echoing, who, evidence}``; malformed replies are re-asked once, then the rule's
     verdict is used and counted as a fallback.
@@ -33,24 +33,22 @@ judge (optional)
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import anyio
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from spasm.evaluation.embeddings import FloatArray
-from spasm.evaluation.llm import ChatFn, ask_structured
 from spasm.evaluation.loader import Conversation
 
 __all__ = [
     "DEFAULT_THRESHOLD",
     "EchoVerdict",
-    "JudgeVerdict",
+    "Side",
     "TurnSignals",
-    "judge_echoing",
+    "Who",
+    "quote",
     "role_cues",
     "rule_echoing",
 ]
@@ -304,7 +302,8 @@ def _longest_copied_span(text: str, tokens: Sequence[str], copied: set[tuple[str
     return text[spans[best[0]][0] : spans[best[1]][1]]
 
 
-def _quote(text: str, limit: int = 180) -> str:
+def quote(text: str, limit: int = 180) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis (for evidence)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
@@ -399,14 +398,14 @@ def rule_echoing(
             cue_sentence = _sentence_with(conv.texts[s.index], s.cues[0]) if s.cues else ""
             # Skip the cue sentence when the copied span already quotes it.
             if cue_sentence and cue_sentence.lower().rstrip(".!?") not in s.copied_span.lower():
-                evidence.append(f'{where}: "{_quote(cue_sentence)}"')
+                evidence.append(f'{where}: "{quote(cue_sentence)}"')
             if s.copied_span and len(s.copied_span.split()) >= 4:
                 evidence.append(
                     f"{where} repeats the {'responder' if who == 'client' else 'client'}: "
-                    f'"{_quote(s.copied_span)}"'
+                    f'"{quote(s.copied_span)}"'
                 )
             if not s.cues and not s.copied_span:
-                evidence.append(f'{where}: "{_quote(conv.texts[s.index])}"')
+                evidence.append(f'{where}: "{quote(conv.texts[s.index])}"')
     return EchoVerdict(
         dialogue_id=conv.dialogue_id,
         echoing=echoing,
@@ -418,105 +417,3 @@ def rule_echoing(
         method="rule",
         turns=signals,
     )
-
-
-class JudgeVerdict(BaseModel):
-    """The judge's structured answer."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    echoing: bool
-    who: Who
-    evidence: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> JudgeVerdict:
-        if self.echoing and self.who == "none":
-            raise ValueError('"echoing" is true, so "who" must be "client" or "responder"')
-        if not self.echoing and self.who != "none":
-            raise ValueError('"echoing" is false, so "who" must be "none"')
-        return self
-
-
-JUDGE_RUBRIC = """You audit a simulated conversation between a CLIENT (a simulated person \
-with their own problem, feelings and goals, who came for help) and a RESPONDER (the helper: agent, \
-counsellor, tutor). Decide whether ECHOING happened: one side abandoned its own role and \
-began to mirror the other.
-
-Echoing by the client — any of these, sustained or blatant:
-- the client gives the advice, instructions, steps or reassurance instead of seeking them;
-- the client talks like a service agent ("How can I help you?", "Is there anything else I can \
-help with?", "I understand your concern");
-- the client repeats or paraphrases the responder's advice back as its own content, in the \
-responder's phrasing, instead of reacting to it as the person with the problem.
-Echoing by the responder — it starts describing the client's problem as its own, asks the \
-client for help, or copies the client's messages.
-
-Not echoing: briefly quoting the other side to ask about it, agreeing, thanking, summarising \
-what was agreed before ending, or a frustrated client telling the responder what they should do.
-
-Reply with only a JSON object:
-{"echoing": true|false, "who": "client"|"responder"|"none",
- "evidence": ["short verbatim quote", ...]}
-"who" is "none" exactly when "echoing" is false. Give at most 3 quotes, copied from the \
-conversation."""
-
-
-def _judge_messages(conv: Conversation) -> list[dict[str, str]]:
-    lines = [
-        f"[{i}] {'CLIENT' if s == 'client' else 'RESPONDER'}: {t}"
-        for i, (s, t) in enumerate(zip(conv.speakers, conv.texts, strict=True))
-    ]
-    return [
-        {"role": "system", "content": JUDGE_RUBRIC},
-        {"role": "user", "content": "Conversation:\n\n" + "\n\n".join(lines)},
-    ]
-
-
-async def judge_echoing(
-    conversations: Sequence[Conversation],
-    rule_verdicts: dict[str, EchoVerdict],
-    chat: ChatFn,
-    *,
-    concurrency: int = 8,
-    temperature: float = 0.3,
-    on_done: Callable[[int], None] | None = None,
-) -> tuple[dict[str, EchoVerdict], int, int]:
-    """LLM-judge verdicts, falling back to ``rule_verdicts`` when the judge fails twice.
-
-    Returns:
-        ``(verdicts by dialogue_id, calls, fallbacks)``.
-    """
-    limiter = anyio.CapacityLimiter(concurrency)
-    out: dict[str, EchoVerdict] = {}
-    counters = {"calls": 0, "fallbacks": 0}
-
-    async def judge_one(conv: Conversation) -> None:
-        async with limiter:
-            parsed, calls = await ask_structured(
-                chat, _judge_messages(conv), JudgeVerdict, temperature=temperature
-            )
-        counters["calls"] += calls
-        rule = rule_verdicts[conv.dialogue_id]
-        if parsed is None:
-            counters["fallbacks"] += 1
-            out[conv.dialogue_id] = rule
-        else:
-            out[conv.dialogue_id] = EchoVerdict(
-                dialogue_id=conv.dialogue_id,
-                echoing=parsed.echoing,
-                who=parsed.who,
-                score=1.0 if parsed.echoing else 0.0,
-                client_score=rule.client_score,
-                responder_score=rule.responder_score,
-                evidence=[_quote(e) for e in parsed.evidence[:3]],
-                method="judge",
-                turns=rule.turns,
-            )
-        if on_done is not None:
-            on_done(1)
-
-    async with anyio.create_task_group() as tg:
-        for conv in conversations:
-            tg.start_soon(judge_one, conv)
-    return out, counters["calls"], counters["fallbacks"]

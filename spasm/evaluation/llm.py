@@ -1,117 +1,302 @@
-"""How evaluation talks to an LLM: a plain async callable, plus structured-output re-asking.
+"""How evaluation's probe and judge reach a model: through the engine's one call path.
 
-Evaluation does not depend on spasm's backend layer. Anything that maps
-``(messages, temperature) -> text`` can drive the probe and the judge::
+The drift probe (``--mode probe``) and the echoing judge (``--judge``) make their structured
+calls with :meth:`spasm.calls.Caller.structured`, like every other model call of spasm: the
+same cache, limits, retries, structured-output re-ask and ``calls`` log, on every backend,
+the embedded one included.
 
-    async def chat(messages: list[dict[str, str]], temperature: float) -> str: ...
+* **Which backend** (:func:`resolve_backend`): an explicit :class:`~spasm.config.BackendConfig`
+  (the CLI's endpoint flags); else a backend of the run's ``config.json`` by name; else the
+  run's first pairing's client backend. ``embedded`` (the embedded default) is always
+  available, so imported runs, which have no ``config.json``, can be judged offline.
+* **Cache**: the run's ``cache.sqlite``, so a rerun is answered without a request.
+* **Call log**: every call (roles ``eval_probe`` / ``eval_judge``) is appended to the run's
+  ``calls`` table as one committed batch (:func:`append_calls`).
 
-A ``ChatFn`` should raise :class:`spasm.errors.RunError` (or a subclass) for a failed
-call it wants tolerated: such a failure counts as a fallback, anything else propagates.
+Each stage runs its own event loop (:meth:`EvalLLM.run`) with a fresh backend, because an
+HTTP client is bound to the loop it first ran in.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+import anyio
+from pydantic import BaseModel
 
-from spasm.errors import BackendError, MissingKeyError, RunError
+from spasm.backends import Backend, ChatRequest, Completion, make_backend
+from spasm.calls import Cache, Caller, CallScope
+from spasm.config import BackendConfig, RunConfig, parse_config
+from spasm.dataset.rows import CallRow
+from spasm.errors import BackendError, ConfigError, UserError
+from spasm.evaluation.metrics import LLMUsage
+from spasm.projection import Message
 
-__all__ = ["ChatFn", "ask_structured", "openai_chat_fn"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "JUDGE_ROLE",
+    "PROBE_ROLE",
+    "EvalBackend",
+    "EvalLLM",
+    "EvalSession",
+    "append_calls",
+    "resolve_backend",
+]
 
-ChatFn = Callable[[list[dict[str, str]], float], Awaitable[str]]
-"""``async (messages, temperature) -> completion text``."""
+PROBE_ROLE = "eval_probe"
+JUDGE_ROLE = "eval_judge"
+DEFAULT_MAX_TOKENS = 400
+#: Sampling seed of every evaluation call: a rerun sends the same request, so the cache answers.
+EVAL_SEED = 0
+#: One re-ask with the validation error, then the caller's safe fallback (docs/evaluation.md).
+REASK_ATTEMPTS = 1
 
 T = TypeVar("T", bound=BaseModel)
-
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
-
-
-def _extract_json(text: str) -> Any:
-    """Parse the JSON object in a reply, tolerating code fences and prose around it."""
-    fenced = _FENCE.search(text)
-    candidate = fenced.group(1) if fenced else text
-    start, end = candidate.find("{"), candidate.rfind("}")
-    if start == -1 or end <= start:
-        raise ValueError("no JSON object found in the reply")
-    return json.loads(candidate[start : end + 1])
+R = TypeVar("R")
 
 
-async def ask_structured(
-    chat: ChatFn,
-    messages: list[dict[str, str]],
-    model: type[T],
-    *,
-    temperature: float,
-    retries: int = 1,
-) -> tuple[T | None, int]:
-    """Ask until the reply validates as ``model``; re-ask ``retries`` times with the error.
+@dataclass(frozen=True)
+class EvalBackend:
+    """The backend the probe and the judge use, and where the choice came from."""
 
-    Returns ``(parsed or None, number of calls made)``. ``None`` means the caller should
-    fall back (malformed output after every re-ask, or a :class:`RunError` from ``chat``).
+    name: str
+    config: BackendConfig
+    source: str
+
+
+def _run_config(run_dir: Path) -> RunConfig | None:
+    """The config a run was generated with (``None`` for imported runs, which have none)."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return parse_config(data["config"], str(path))
+    except (ValueError, KeyError, TypeError, ConfigError) as exc:
+        raise UserError(
+            f"{path} cannot be read as a spasm run config ({exc}); pass --llm-base-url and "
+            "--llm-model, or --llm-backend embedded, to choose the evaluation LLM yourself."
+        ) from None
+
+
+def resolve_backend(
+    run_dir: str | Path, *, name: str | None = None, config: BackendConfig | None = None
+) -> EvalBackend:
+    """Choose the backend for the probe and the judge.
+
+    Args:
+        run_dir: the run being evaluated.
+        name: a backend of the run's ``config.json`` (``embedded`` works for any run).
+        config: an explicit backend (e.g. an OpenAI-compatible endpoint); ``name`` then
+            only names it (default ``eval``).
+
+    Raises:
+        UserError: the name is not a backend of the run, or the run has no config.json
+            and nothing was chosen.
     """
-    convo = list(messages)
-    calls = 0
-    for _ in range(retries + 1):
-        calls += 1
-        try:
-            reply = await chat(convo, temperature)
-        except RunError:
-            return None, calls
-        try:
-            return model.model_validate(_extract_json(reply)), calls
-        except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
-            convo = [
-                *convo,
-                {"role": "assistant", "content": reply},
-                {
-                    "role": "user",
-                    "content": f"That reply could not be used: {exc}. Answer again with only "
-                    "the JSON object, in exactly the requested format.",
-                },
-            ]
-    return None, calls
-
-
-def openai_chat_fn(
-    *,
-    model: str,
-    base_url: str | None = None,
-    api_key_env: str | None = "OPENAI_API_KEY",
-    max_tokens: int = 400,
-    timeout: float = 120.0,
-    max_retries: int = 2,
-) -> ChatFn:
-    """A :data:`ChatFn` over any OpenAI-compatible chat endpoint (for ``--mode probe``/``--judge``).
-
-    ``api_key_env`` is the *name* of the variable holding the key (``None``: no key needed).
-    Failed calls (after the SDK's ``max_retries``) raise :class:`BackendError`, which the
-    probe and the judge count as fallbacks.
-    """
-    import openai
-
-    if api_key_env is None:
-        key = "not-needed"
-    else:
-        key = os.environ.get(api_key_env, "")
-        if not key:
-            raise MissingKeyError(api_key_env, f"evaluation LLM ({model})")
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries)
-
-    async def chat(messages: list[dict[str, str]], temperature: float) -> str:
-        try:
-            response = await client.chat.completions.create(
-                model=model,
-                messages=messages,  # type: ignore[arg-type]
-                temperature=temperature,
-                max_tokens=max_tokens,
+    if config is not None:
+        return EvalBackend(name or "eval", config, "given")
+    run_dir = Path(run_dir)
+    run = _run_config(run_dir)
+    if name is None:
+        if run is None:
+            raise UserError(
+                f"{run_dir} has no config.json (an imported run?), so it names no backend for "
+                "--mode probe / --judge. Pass --llm-backend embedded for the embedded model, or "
+                "--llm-base-url URL --llm-model MODEL for an OpenAI-compatible endpoint."
             )
-        except openai.APIError as exc:
-            raise BackendError(f"evaluation LLM {model!r} failed: {exc}") from exc
-        return response.choices[0].message.content or ""
+        default = run.pairing_list[0].client
+        return EvalBackend(default, run.backends[default], "run config (first pairing's client)")
+    if run is not None and name in run.backends:
+        return EvalBackend(name, run.backends[name], "run config")
+    if name == "embedded":
+        return EvalBackend(name, BackendConfig(kind="embedded"), "embedded default")
+    known = sorted(run.backends) if run is not None else []
+    raise UserError(
+        f"--llm-backend {name!r} is not a backend of {run_dir / 'config.json'} "
+        f"(it has: {', '.join(known) or 'none'}); use one of those, 'embedded', or "
+        "--llm-base-url and --llm-model for another endpoint."
+    )
 
-    return chat
+
+class _PreflightOnFirstCall(Backend):
+    """Runs the backend's preflight before its first real request, not at start-up.
+
+    A rerun answered from the cache then makes no request at all, while a wrong URL or key
+    still fails at once with the preflight's UserError instead of after every retry.
+    """
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.model = inner.model
+        self.max_concurrency = inner.max_concurrency
+        self._checked = False
+        self._lock = anyio.Lock()
+
+    @property
+    def identity(self) -> str:
+        return self.inner.identity
+
+    async def complete(self, request: ChatRequest) -> Completion:
+        if not self._checked:
+            async with self._lock:
+                if not self._checked:
+                    await self.inner.preflight()
+                    self._checked = True
+        return await self.inner.complete(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@dataclass
+class EvalSession:
+    """One stage's access to the model: the Caller, the backend name and the sampling."""
+
+    caller: Caller
+    backend: str
+    temperature: float
+    max_tokens: int
+    seed: int = EVAL_SEED
+    scopes: dict[str, CallScope] = field(default_factory=dict)
+
+    async def structured(
+        self, role: str, dialogue_id: str, messages: list[Message], schema: type[T]
+    ) -> T | None:
+        """A structured call logged under ``dialogue_id``; ``None`` means: fall back.
+
+        ``None`` when the reply never validated (after the Caller's re-ask) or the backend
+        failed (:class:`~spasm.errors.BackendError` after its retries). Calls of one dialogue
+        must not overlap: they share one scope, whose last row the Caller marks on bad output.
+        """
+        scope = self.scopes.setdefault(dialogue_id, CallScope(dialogue_id=dialogue_id))
+        try:
+            return await self.caller.structured(
+                role, self.backend, messages, schema, scope,
+                temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed,
+            )
+        except BackendError:
+            return None
+
+    @property
+    def records(self) -> list[CallRow]:
+        """The call-log rows of this stage, dialogue by dialogue."""
+        return [r for s in self.scopes.values() for r in s.records]
+
+    def calls(self, role: str) -> int:
+        """Requests made for ``role``: every attempt, re-ask and cache hit."""
+        return sum(1 for r in self.records if r.role == role)
+
+
+def _user_error(group: BaseExceptionGroup[BaseException]) -> UserError | None:
+    """The first UserError in a task group's exceptions (e.g. a failed preflight)."""
+    for exc in group.exceptions:
+        if isinstance(exc, UserError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _user_error(exc)
+            if found is not None:
+                return found
+    return None
+
+
+class EvalLLM:
+    """The evaluation's model: one backend, the run's cache, the calls it made.
+
+    Use :meth:`run` once per stage, then :meth:`close` (which appends the calls to the run).
+    """
+
+    def __init__(self, run_dir: str | Path, backend: EvalBackend, *, max_tokens: int = DEFAULT_MAX_TOKENS):
+        if max_tokens < 1:
+            raise UserError("The evaluation LLM's max_tokens must be at least 1.")
+        self.run_dir = Path(run_dir)
+        self.backend = backend
+        self.max_tokens = max_tokens
+        # Built now so that a missing API key fails before any embedding work.
+        self._unused: Backend | None = make_backend(backend.name, backend.config)
+        self.cache = Cache(self.run_dir / "cache.sqlite")
+        self.records: list[CallRow] = []
+        self._stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+
+    def _fresh_backend(self) -> Backend:
+        backend, self._unused = self._unused, None
+        return backend if backend is not None else make_backend(self.backend.name, self.backend.config)
+
+    def run(self, stage: str, fn: Callable[[EvalSession], Awaitable[R]]) -> R:
+        """Run ``fn`` in its own event loop with a fresh backend and Caller; keep its calls."""
+
+        async def main() -> R:
+            backend = _PreflightOnFirstCall(self._fresh_backend())
+            name, cfg = self.backend.name, self.backend.config
+            caller = Caller({name: backend}, {name: cfg}, cache=self.cache, reask_attempts=REASK_ATTEMPTS)
+            # Call ids are "<pass>:<dialogue>#<seq>": a pass per stage keeps them unique.
+            caller.pass_id = f"eval-{self._stamp}-{stage}"
+            session = EvalSession(caller, name, cfg.temperatures.judge, self.max_tokens)
+            try:
+                return await fn(session)
+            except BaseExceptionGroup as group:  # anyio task groups wrap what a task raised
+                user = _user_error(group)
+                if user is not None:
+                    raise user from None
+                raise
+            finally:
+                self.records.extend(session.records)
+                await backend.aclose()
+
+        return anyio.run(main)
+
+    def usage(self) -> LLMUsage:
+        """Calls, tokens and cost so far (cache hits cost nothing)."""
+        return usage_of(self.records, self.backend)
+
+    def close(self) -> None:
+        """Append the calls to the run's call log and release the cache and the backend."""
+        try:
+            if self.records:
+                append_calls(self.run_dir, f"eval-{self._stamp}", self.records)
+        finally:
+            self.cache.close()
+            if self._unused is not None:
+                anyio.run(self._unused.aclose)
+                self._unused = None
+
+
+def usage_of(records: Sequence[CallRow], backend: EvalBackend) -> LLMUsage:
+    """Summarise call-log rows for metrics.json."""
+    prices = backend.config.prices
+    paid = [r for r in records if not r.cache_hit]
+    by_role: dict[str, int] = {}
+    outcomes: dict[str, int] = {}
+    for r in records:
+        by_role[r.role] = by_role.get(r.role, 0) + 1
+        outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+    return LLMUsage(
+        backend=backend.name,
+        kind=backend.config.kind,
+        model=backend.config.model,
+        source=backend.source,
+        calls=len(records),
+        cache_hits=len(records) - len(paid),
+        prompt_tokens=sum(r.prompt_tokens for r in paid),
+        completion_tokens=sum(r.completion_tokens for r in paid),
+        cost=sum(r.prompt_tokens * prices.input_per_1m + r.completion_tokens * prices.output_per_1m
+                 for r in paid) / 1e6,
+        calls_by_role=dict(sorted(by_role.items())),
+        outcomes=dict(sorted(outcomes.items())),
+    )
+
+
+def append_calls(run_dir: Path, batch_id: str, records: Sequence[CallRow]) -> None:
+    """Append call-log rows to the run's ``calls`` table, through the run store (one batch).
+
+    The one place evaluation writes to the run's tables.
+    """
+    from spasm.store import RunStore
+
+    RunStore(run_dir).write_batch(batch_id, {"calls": list(records)})

@@ -19,6 +19,7 @@ __all__ = [
     "EchoExample",
     "EchoRate",
     "EchoingMetrics",
+    "LLMUsage",
     "Metrics",
     "PairedComparison",
     "SeparabilityGroup",
@@ -138,6 +139,22 @@ class EchoingMetrics(_Model):
     human_note: str | None = None
 
 
+class LLMUsage(_Model):
+    """The evaluation's own model calls (probe and judge), as logged in the run's calls table."""
+
+    backend: str
+    kind: str
+    model: str
+    source: str = Field(description="where the backend came from (run config, given, embedded default)")
+    calls: int = Field(description="call-log rows: every request, re-ask, retry and cache hit")
+    cache_hits: int
+    prompt_tokens: int = Field(description="tokens of the requests actually sent (not cache hits)")
+    completion_tokens: int
+    cost: float = Field(description="at the backend's configured prices; cache hits cost nothing")
+    calls_by_role: dict[str, int]
+    outcomes: dict[str, int]
+
+
 class SeparabilityGroup(_Model):
     """Persona separability of the Client side within one pairing × condition."""
 
@@ -169,4 +186,5 @@ class Metrics(_Model):
     drift: DriftMetrics
     echoing: EchoingMetrics
     separability: list[SeparabilityGroup]
+    llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")
