@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from spasm.cli import main
+from spasm.dataset.lock import RunLock
 from spasm.errors import UserError
 from spasm.evaluation.cli import register
 from spasm.evaluation.synthetic import write_run
@@ -155,7 +156,7 @@ def test_bad_llm_flags_are_user_errors(tmp_path: Path, flags: list[str], message
         _eval([str(run), *flags])
 
 
-def test_missing_key_and_unreachable_endpoint_fail_at_once(
+def test_missing_key_a_locked_run_and_an_unreachable_endpoint_fail_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = write_run(tmp_path / "run", [{"persona_id": "p1"}],
@@ -167,6 +168,8 @@ def test_missing_key_and_unreachable_endpoint_fail_at_once(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/v1"
+    with RunLock(run), pytest.raises(UserError, match="is being written by process"):
+        _eval([str(run), "--judge", "--llm-base-url", url, "--llm-model", "m", "--llm-api-key-env", "none"])
     # The backend's preflight runs before the first uncached request, not after every retry.
     with pytest.raises(UserError, match="cannot connect"):
         _eval([str(run), "--judge", "--llm-base-url", url, "--llm-model", "m", "--llm-api-key-env", "none"])

@@ -11,7 +11,8 @@ the embedded one included.
   available, so imported runs, which have no ``config.json``, can be judged offline.
 * **Cache**: the run's ``cache.sqlite``, so a rerun is answered without a request.
 * **Call log**: every call (roles ``eval_probe`` / ``eval_judge``) is appended to the run's
-  ``calls`` table as one committed batch (:func:`append_calls`).
+  ``calls`` table as one committed batch (:class:`RunCallLog`, which holds the run's write lock
+  while the LLM stages run, so a generation cannot write the run at the same time).
 
 Each stage runs its own event loop (:meth:`EvalLLM.run`) with a fresh backend, because an
 HTTP client is bound to the loop it first ran in.
@@ -32,10 +33,12 @@ from pydantic import BaseModel
 from spasm.backends import Backend, ChatRequest, Completion, make_backend
 from spasm.calls import Cache, Caller, CallScope
 from spasm.config import BackendConfig, RunConfig, parse_config
+from spasm.dataset.lock import RunLock
 from spasm.dataset.rows import CallRow
 from spasm.errors import BackendError, ConfigError, UserError
 from spasm.evaluation.metrics import LLMUsage
 from spasm.projection import Message
+from spasm.store import RunStore
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -44,7 +47,7 @@ __all__ = [
     "EvalBackend",
     "EvalLLM",
     "EvalSession",
-    "append_calls",
+    "RunCallLog",
     "resolve_backend",
 ]
 
@@ -218,9 +221,14 @@ class EvalLLM:
         self.run_dir = Path(run_dir)
         self.backend = backend
         self.max_tokens = max_tokens
-        # Built now so that a missing API key fails before any embedding work.
-        self._unused: Backend | None = make_backend(backend.name, backend.config)
-        self.cache = Cache(self.run_dir / "cache.sqlite")
+        self.log = RunCallLog(self.run_dir)
+        try:
+            # Built now so that a missing API key fails before any embedding work.
+            self._unused: Backend | None = make_backend(backend.name, backend.config)
+            self.cache = Cache(self.run_dir / "cache.sqlite")
+        except BaseException:
+            self.log.close()
+            raise
         self.records: list[CallRow] = []
         self._stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
 
@@ -259,9 +267,10 @@ class EvalLLM:
         """Append the calls to the run's call log and release the cache and the backend."""
         try:
             if self.records:
-                append_calls(self.run_dir, f"eval-{self._stamp}", self.records)
+                self.log.append(f"eval-{self._stamp}", self.records)
         finally:
             self.cache.close()
+            self.log.close()
             if self._unused is not None:
                 anyio.run(self._unused.aclose)
                 self._unused = None
@@ -292,11 +301,21 @@ def usage_of(records: Sequence[CallRow], backend: EvalBackend) -> LLMUsage:
     )
 
 
-def append_calls(run_dir: Path, batch_id: str, records: Sequence[CallRow]) -> None:
-    """Append call-log rows to the run's ``calls`` table, through the run store (one batch).
+class RunCallLog:
+    """The run's ``calls`` table, as evaluation appends to it: the one place it writes run tables.
 
-    The one place evaluation writes to the run's tables.
+    Holds the run's write lock from construction to :meth:`close` (a second writer, e.g. a
+    resumed ``spasm generate``, fails at once with a UserError naming the process).
     """
-    from spasm.store import RunStore
 
-    RunStore(run_dir).write_batch(batch_id, {"calls": list(records)})
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._lock = RunLock(run_dir).acquire()
+
+    def append(self, batch_id: str, records: Sequence[CallRow]) -> None:
+        """Append rows to the ``calls`` table as one committed batch, through the run store."""
+        RunStore(self.run_dir).write_batch(batch_id, {"calls": list(records)})
+
+    def close(self) -> None:
+        """Release the run's write lock."""
+        self._lock.release()
