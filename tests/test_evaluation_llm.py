@@ -31,14 +31,12 @@ def _eval(argv: list[str]) -> int:
 
 
 def structured_reply(body: dict[str, Any]) -> str:
-    """Valid probe and judge answers for structured requests; the default reply otherwise."""
-    fmt = body.get("response_format") or {}
-    props = fmt.get("json_schema", {}).get("schema", {}).get("properties", {})
-    convo = str(body["messages"][-1]["content"])
-    if "concerns" in props:
-        last = convo.rsplit("Client: ", 1)[-1][:40]
+    """Valid probe and judge answers (told apart by their prompts); the default reply otherwise."""
+    system = str(body["messages"][0]["content"])
+    if "stance" in system:
+        last = str(body["messages"][1]["content"]).rsplit("Client: ", 1)[-1][:40]
         return json.dumps({"concerns": f"worried: {last}", "emotion": "tense", "motivation": "a fix"})
-    if "echoing" in props:
+    if "ECHOING" in system:
         return json.dumps({"echoing": False, "who": "none", "evidence": []})
     return default_reply(body)
 
@@ -199,3 +197,4 @@ def test_probe_and_judge_on_the_embedded_model(tmp_path: Path) -> None:
     assert second["llm"]["cache_hits"] == len(evals)
     assert second["drift"]["probe_fallbacks"] == first["drift"]["probe_fallbacks"]
     assert second["echoing"]["judge_fallbacks"] == first["echoing"]["judge_fallbacks"]
+

@@ -13,9 +13,6 @@ the embedded one included.
 * **Call log**: every call (roles ``eval_probe`` / ``eval_judge``) is appended to the run's
   ``calls`` table as one committed batch (:class:`RunCallLog`, which holds the run's write lock
   while the LLM stages run, so a generation cannot write the run at the same time).
-
-Each stage runs its own event loop (:meth:`EvalLLM.run`) with a fresh backend, because an
-HTTP client is bound to the loop it first ran in.
 """
 
 from __future__ import annotations
@@ -23,11 +20,12 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from types import TracebackType
+from typing import Any, TypeVar
 
 import anyio
+from anyio.from_thread import start_blocking_portal
 from pydantic import BaseModel
 
 from spasm.backends import Backend, ChatRequest, Completion, make_backend
@@ -35,7 +33,7 @@ from spasm.calls import Cache, Caller, CallScope
 from spasm.config import BackendConfig, RunConfig, parse_config
 from spasm.dataset.lock import RunLock
 from spasm.dataset.rows import CallRow
-from spasm.errors import BackendError, ConfigError, UserError
+from spasm.errors import BackendError, ConfigError, SpasmError, UserError
 from spasm.evaluation.metrics import LLMUsage
 from spasm.projection import Message
 from spasm.store import RunStore
@@ -140,14 +138,27 @@ class _PreflightOnFirstCall(Backend):
         self.model = inner.model
         self.max_concurrency = inner.max_concurrency
         self._checked = False
-        self._lock = anyio.Lock()
+        self._lock: anyio.Lock | None = None  # made on the loop that uses it
 
     @property
     def identity(self) -> str:
         return self.inner.identity
 
+    # getattr: what the backend reports about its structured-output mode, where it reports it.
+    @property
+    def structured_mode(self) -> str | None:
+        mode = getattr(self.inner, "structured_mode", None)
+        return mode if isinstance(mode, str) else None
+
+    @property
+    def structured_steps(self) -> list[dict[str, Any]]:
+        steps = getattr(self.inner, "structured_steps", None)
+        return list(steps) if isinstance(steps, list) else []
+
     async def complete(self, request: ChatRequest) -> Completion:
         if not self._checked:
+            if self._lock is None:
+                self._lock = anyio.Lock()
             async with self._lock:
                 if not self._checked:
                     await self.inner.preflight()
@@ -160,7 +171,8 @@ class _PreflightOnFirstCall(Backend):
 
 @dataclass
 class EvalSession:
-    """One stage's access to the model: the Caller, the backend name and the sampling."""
+    """The stages' access to the model: the Caller, the backend name, the sampling, and one
+    call scope per dialogue (shared by the probe and the judge, so call ids stay unique)."""
 
     caller: Caller
     backend: str
@@ -175,8 +187,10 @@ class EvalSession:
         """A structured call logged under ``dialogue_id``; ``None`` means: fall back.
 
         ``None`` when the reply never validated (after the Caller's re-ask) or the backend
-        failed (:class:`~spasm.errors.BackendError` after its retries). Calls of one dialogue
-        must not overlap: they share one scope, whose last row the Caller marks on bad output.
+        failed (:class:`~spasm.errors.BackendError` after its retries). Anything else — a
+        server that refuses structured output, a failed preflight — propagates: falling back
+        on every call would hide it. Calls of one dialogue must not overlap: they share one
+        scope, whose last row the Caller marks on bad output.
         """
         scope = self.scopes.setdefault(dialogue_id, CallScope(dialogue_id=dialogue_id))
         try:
@@ -197,22 +211,26 @@ class EvalSession:
         return sum(1 for r in self.records if r.role == role)
 
 
-def _user_error(group: BaseExceptionGroup[BaseException]) -> UserError | None:
-    """The first UserError in a task group's exceptions (e.g. a failed preflight)."""
+def _spasm_error(group: BaseExceptionGroup[BaseException]) -> SpasmError | None:
+    """The first error spasm raised on purpose in a task group's exceptions: a failed preflight
+    (UserError) or a server that refuses structured output (a RunError no layer falls back on)."""
     for exc in group.exceptions:
-        if isinstance(exc, UserError):
+        if isinstance(exc, SpasmError):
             return exc
         if isinstance(exc, BaseExceptionGroup):
-            found = _user_error(exc)
+            found = _spasm_error(exc)
             if found is not None:
                 return found
     return None
 
 
 class EvalLLM:
-    """The evaluation's model: one backend, the run's cache, the calls it made.
+    """The evaluation's model: one backend and one Caller for every stage, the run's cache and
+    write lock, the calls made. A context manager; on exit the calls go to the run's log.
 
-    Use :meth:`run` once per stage, then :meth:`close` (which appends the calls to the run).
+    The stages run on one event loop, in a thread of its own (an anyio blocking portal), so
+    the backend keeps its connections and what it learnt (e.g. the structured-output mode a
+    server takes) from the probe to the judge, and the calls of a dialogue share one scope.
     """
 
     def __init__(self, run_dir: str | Path, backend: EvalBackend, *, max_tokens: int = DEFAULT_MAX_TOKENS):
@@ -224,56 +242,63 @@ class EvalLLM:
         self.log = RunCallLog(self.run_dir)
         try:
             # Built now so that a missing API key fails before any embedding work.
-            self._unused: Backend | None = make_backend(backend.name, backend.config)
+            self._model = _PreflightOnFirstCall(make_backend(backend.name, backend.config))
             self.cache = Cache(self.run_dir / "cache.sqlite")
         except BaseException:
             self.log.close()
             raise
-        self.records: list[CallRow] = []
-        self._stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        # Built on the loop, so the Caller's limits belong to it.
+        self.session: EvalSession = self._portal.call(self._session)
 
-    def _fresh_backend(self) -> Backend:
-        backend, self._unused = self._unused, None
-        return backend if backend is not None else make_backend(self.backend.name, self.backend.config)
+    def _session(self) -> EvalSession:
+        name, cfg = self.backend.name, self.backend.config
+        caller = Caller({name: self._model}, {name: cfg}, cache=self.cache, reask_attempts=REASK_ATTEMPTS)
+        caller.pass_id = "eval-" + caller.pass_id  # call ids "eval-<time>:<dialogue>#<seq>"
+        return EvalSession(caller, name, cfg.temperatures.judge, self.max_tokens)
 
-    def run(self, stage: str, fn: Callable[[EvalSession], Awaitable[R]]) -> R:
-        """Run ``fn`` in its own event loop with a fresh backend and Caller; keep its calls."""
+    def run(self, fn: Callable[[EvalSession], Awaitable[R]]) -> R:
+        """Run one stage, ``await fn(session)``, on the evaluation's event loop."""
 
-        async def main() -> R:
-            backend = _PreflightOnFirstCall(self._fresh_backend())
-            name, cfg = self.backend.name, self.backend.config
-            caller = Caller({name: backend}, {name: cfg}, cache=self.cache, reask_attempts=REASK_ATTEMPTS)
-            # Call ids are "<pass>:<dialogue>#<seq>": a pass per stage keeps them unique.
-            caller.pass_id = f"eval-{self._stamp}-{stage}"
-            session = EvalSession(caller, name, cfg.temperatures.judge, self.max_tokens)
+        async def stage() -> R:
             try:
-                return await fn(session)
+                return await fn(self.session)
             except BaseExceptionGroup as group:  # anyio task groups wrap what a task raised
-                user = _user_error(group)
-                if user is not None:
-                    raise user from None
+                error = _spasm_error(group)
+                if error is not None:
+                    raise error from None
                 raise
-            finally:
-                self.records.extend(session.records)
-                await backend.aclose()
 
-        return anyio.run(main)
+        return self._portal.call(stage)
+
+    @property
+    def records(self) -> list[CallRow]:
+        """The call-log rows so far."""
+        return self.session.records
 
     def usage(self) -> LLMUsage:
         """Calls, tokens and cost so far (cache hits cost nothing)."""
         return usage_of(self.records, self.backend)
 
-    def close(self) -> None:
-        """Append the calls to the run's call log and release the cache and the backend."""
+    def __enter__(self) -> EvalLLM:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Close the backend and the loop (cancelling what still runs after an error), then
+        append the calls to the run's call log and release the cache and the lock."""
         try:
+            try:
+                self._portal.call(self._model.aclose)
+            finally:
+                self._portal_cm.__exit__(exc_type, exc, tb)
             if self.records:
-                self.log.append(f"eval-{self._stamp}", self.records)
+                self.log.append(self.session.caller.pass_id, self.records)
         finally:
             self.cache.close()
             self.log.close()
-            if self._unused is not None:
-                anyio.run(self._unused.aclose)
-                self._unused = None
 
 
 def usage_of(records: Sequence[CallRow], backend: EvalBackend) -> LLMUsage:

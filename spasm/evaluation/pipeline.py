@@ -14,6 +14,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -147,23 +148,20 @@ def evaluate(
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     run_dir = Path(run_dir)
-    llm = None
+    llm_cm: AbstractContextManager[EvalLLM | None] = nullcontext()
     if mode == "probe" or judge:
         choice = resolve_backend(run_dir, name=llm_backend, config=llm_config)
         data = load_run(run_dir)  # a run without tables fails before the cache is created
-        llm = EvalLLM(run_dir, choice, max_tokens=llm_max_tokens)
+        llm_cm = EvalLLM(run_dir, choice, max_tokens=llm_max_tokens)
     else:
         data = load_run(run_dir)
     timings["load"] = time.perf_counter() - t_start
-    try:
+    with llm_cm as llm:  # on exit, the LLM calls are appended to the run's call log
         metrics, per_dialogue = _evaluate(
             data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
             retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
             show=show, timings=timings,
         )
-    finally:
-        if llm is not None:
-            llm.close()
     timings["total"] = time.perf_counter() - t_start
     metrics.timings = {k: round(v, 3) for k, v in timings.items()}
     if write:
@@ -281,7 +279,6 @@ def _drift(
         assert llm is not None
         with _bar(n_client, "probing stances", show) as bar:
             series, probe_calls, probe_fallbacks = llm.run(
-                "probe",
                 functools.partial(
                     probe_drift, convs, vectors.client, embed, concurrency=concurrency, on_done=bar.update
                 ),
@@ -349,7 +346,6 @@ def _echoing(
     if llm is not None:
         with _bar(len(convs), "judging echoing", show) as bar:
             verdicts, judge_calls, judge_fallbacks = llm.run(
-                "judge",
                 functools.partial(judge_echoing, convs, rule, concurrency=concurrency, on_done=bar.update),
             )
         kappa_rule_judge = kappa(
