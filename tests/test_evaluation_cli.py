@@ -6,12 +6,14 @@ import argparse
 import base64
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
+import spasm.dataset.synthetic
 import spasm.evaluation
 from spasm.errors import UserError
 from spasm.evaluation.cli import register
@@ -99,7 +101,14 @@ def test_bad_input_is_a_user_error(small_run: Path, tmp_path: Path, argv: list[s
 
 
 def test_missing_table_column_is_a_user_error(tmp_path: Path) -> None:
+    # A foreign dataset: plain Parquet files (no commit markers) whose turns lack columns.
     run = synthesize_run(tmp_path / "run", n_dialogues=4, n_personas=2)
+    for table in ("personas", "dialogues"):
+        df = pd.read_parquet(run / f"{table}.parquet")
+        shutil.rmtree(run / f"{table}.parquet")
+        df.to_parquet(run / f"{table}.parquet")
+    shutil.rmtree(run / "turns.parquet")
+    shutil.rmtree(run / ".commits")
     pd.DataFrame({"dialogue_id": ["x"]}).to_parquet(run / "turns.parquet")
     with pytest.raises(UserError, match="lacks the column"):
         _run_cli(["eval", str(run)])
@@ -157,9 +166,12 @@ def test_tables_as_part_directories_and_no_ok_dialogue(tmp_path: Path) -> None:
     m = spasm.evaluation.evaluate(run, progress=False)
     assert m.counts.dialogues_ok == 4 and m.counts.utterances == 36
 
-    dialogues = pd.read_parquet(flat / "dialogues.parquet")
-    dialogues["status"] = "error"
-    dialogues.to_parquet(flat / "dialogues.parquet")
+    failed = tmp_path / "failed"
+    spasm.dataset.synthetic.write_run(failed, [{"persona_id": "p1", "card": "A person."}], [
+        {"dialogue_id": f"d{i}", "persona_id": "p1", "status": "error", "texts": ["a", "b"]}
+        for i in range(4)
+    ])
+    flat = failed
     m = spasm.evaluation.evaluate(flat, progress=False)
     assert m.counts.dialogues_ok == 0 and m.counts.dialogues_total == 4
     assert m.echoing.overall.rate is None and m.separability == [] and m.drift.notes

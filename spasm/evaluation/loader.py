@@ -75,14 +75,14 @@ def _read_table(run: Run, name: str) -> pd.DataFrame:
             "with personas.parquet, dialogues.parquet and turns.parquet (written by "
             "`spasm generate`, or by `spasm import` from a JSONL dataset)."
         )
-    df = run.df(name)
-    missing = [c for c in _REQUIRED[name] if c not in df.columns]
+    stored = run.stored_columns(name)
+    missing = [c for c in _REQUIRED[name] if c not in stored]
     if missing:
         raise UserError(
             f"{run.dir / (name + '.parquet')} lacks the column(s) {', '.join(missing)}; it needs "
             f"at least {', '.join(_REQUIRED[name])}."
         )
-    return df
+    return run.df(name)
 
 
 def load_run(run_dir: str | Path) -> RunData:
