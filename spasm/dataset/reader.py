@@ -176,6 +176,15 @@ class Run:
             return _committed(path, self._committed)
         return []
 
+    def files(self, table: str) -> list[Path]:
+        """The committed Parquet files of ``table`` (none: ``[]``), for readers that query the
+        files themselves (the viewer's DuckDB). Uncommitted parts are never listed."""
+        return self._files(table)
+
+    def stored_columns(self, table: str) -> list[str]:
+        """The columns the table's files actually hold (before older tables are conformed)."""
+        return list(self._dataset(table).schema.names)
+
     def has(self, table: str) -> bool:
         """Whether the run has the table (possibly empty)."""
         return bool(self._files(table))
