@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from spasm.config import BackendConfig
 from spasm.errors import UserError
+from spasm.evaluation.agreement import human_agreement
 from spasm.evaluation.drift import (
     DriftSeries,
     cheap_drift,
@@ -62,7 +63,6 @@ from spasm.evaluation.summary import (
     echo_rates,
     finite,
     group_key,
-    human_agreement,
     kappa,
 )
 
@@ -352,7 +352,7 @@ def _echoing(
             [rule[c.dialogue_id].echoing for c in convs],
             [verdicts[c.dialogue_id].echoing for c in convs],
         )
-    kappa_human, human_note = human_agreement(run_dir, verdicts)
+    kappa_human, human_note = human_agreement(run_dir, rule, verdicts if llm is not None else None)
     metrics = EchoingMetrics(
         method="judge" if llm is not None else "rule",
         threshold=threshold,
