@@ -5,6 +5,11 @@ Retry policy (the only one: the SDK's retries are off):
 * retried: 429 (waiting at least the server's ``Retry-After``), 5xx, 408/409, timeouts,
   dropped connections, malformed response bodies and empty completions;
 * not retried: other 4xx (bad request, auth, unknown model) and local errors;
+* a server that rejects the structured-output format ends the run at once
+  (:class:`~spasm.errors.StructuredOutputRejectedError`): later structured calls to that backend
+  are not even sent;
+* failures are told apart by exception type (each :mod:`spasm.errors` class carries its
+  ``outcome`` for the log), never by their message;
 * backoff: full jitter, ``uniform(0, min(30, 0.5 · 2^attempt))`` seconds, at most
   ``max_attempts`` attempts per call (backend config, default 6);
 * an empty completion is re-sampled with the next seed, so a deterministic server can recover.
@@ -20,23 +25,25 @@ import random
 import sqlite3
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 from pydantic import BaseModel, ValidationError
 
 from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.structured import extract_json
 from spasm.config import BackendConfig
 from spasm.dataset.rows import CallRow
 from spasm.errors import (
+    BackendError,
     BudgetExceededError,
     EmptyCompletionError,
-    FatalBackendError,
     RateLimitedError,
+    StructuredOutputRejectedError,
     TransientBackendError,
 )
 from spasm.limits import BackendLimits
@@ -125,23 +132,10 @@ class CallScope:
         return f"{self.dialogue_id or self.persona_id or 'run'}#{self.seq:04d}"
 
 
-def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, RateLimitedError):
-        return "rate_limited"
-    if isinstance(exc, EmptyCompletionError):
-        return "empty"
-    if isinstance(exc, TransientBackendError):
-        text = str(exc)
-        if "timeout" in text:
-            return "timeout"
-        if "malformed" in text:
-            return "malformed"
-        if "connection" in text:
-            return "connection_error"
-        return "server_error"
-    if isinstance(exc, FatalBackendError):
-        return "fatal"
-    return "error"
+def outcome_of(exc: BaseException) -> str:
+    """The ``calls.outcome`` of a failed attempt: the ``outcome`` its error class declares."""
+    outcome = getattr(type(exc), "outcome", None)
+    return outcome if isinstance(outcome, str) else "error"
 
 
 class Caller:
@@ -171,6 +165,11 @@ class Caller:
             for name, b in backends.items()
         }
         self._rng = random.Random()
+        #: The first structured-output rejection of the run; it ends the run (the engine raises it).
+        self.rejection: StructuredOutputRejectedError | None = None
+        #: Structured replies that parsed, by (dialogue id, role): how the engine tells a harness
+        #: level whose structured calls all fell back from one where some worked.
+        self.structured_ok: defaultdict[str, Counter[str]] = defaultdict(Counter)
         #: Distinguishes the call ids of passes of a resumed run (a retried dialogue logs again).
         self.pass_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
 
@@ -247,6 +246,12 @@ class Caller:
                     started=datetime.now(UTC),
                 )
                 return hit
+        if (
+            request.json_schema is not None
+            and self.rejection is not None
+            and self.rejection.backend == backend_name
+        ):
+            raise self.rejection  # fail fast: the server has refused this format already
         limits = self.limits[backend_name]
         # Counting tokens costs CPU; only a TPM bucket needs the estimate.
         estimate = (
@@ -264,15 +269,24 @@ class Caller:
                     completion = await backend.complete(attempt_request)
                 if not completion.text.strip():
                     raise EmptyCompletionError(f"empty completion from {backend_name}")
-            except (TransientBackendError, FatalBackendError) as exc:
+            except StructuredOutputRejectedError as exc:
+                self._record(
+                    scope, role=role, backend=backend, request=attempt_request, key=key,
+                    attempt=attempt, outcome=exc.outcome, completion=None,
+                    latency=time.perf_counter() - t0, error=str(exc), started=started,
+                )
+                if self.rejection is None:
+                    self.rejection = exc
+                raise
+            except BackendError as exc:
                 latency = time.perf_counter() - t0
                 last_exc = exc
                 self._record(
                     scope, role=role, backend=backend, request=attempt_request, key=key,
-                    attempt=attempt, outcome=_outcome(exc), completion=None, latency=latency,
+                    attempt=attempt, outcome=outcome_of(exc), completion=None, latency=latency,
                     error=str(exc), started=started,
                 )
-                if isinstance(exc, FatalBackendError) or attempt == cfg.max_attempts:
+                if not isinstance(exc, TransientBackendError) or attempt == cfg.max_attempts:
                     raise
                 delay = self._rng.uniform(0, min(30.0, 0.5 * 2 ** (attempt - 1)))
                 if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
@@ -307,7 +321,12 @@ class Caller:
     ) -> T | None:
         """A structured call: parse into ``schema``; re-ask with the error; ``None`` if it never parses.
 
-        The caller decides the safe fallback for ``None`` and counts it.
+        This is spasm's one structured-output loop. The backend sends the request in its mode
+        (json_schema, json_object or text: :mod:`spasm.backends.structured`); the reply is read
+        with :func:`~spasm.backends.structured.extract_json` whatever the mode, so fences and
+        prose around the JSON do not matter. The caller decides the safe fallback for ``None``
+        and counts it. A server that rejects the format raises
+        :class:`~spasm.errors.StructuredOutputRejectedError`, which no caller may fall back on.
         """
         convo = list(messages)
         json_schema = schema.model_json_schema()
@@ -318,9 +337,10 @@ class Caller:
             )
             completion = await self.complete(role, backend_name, request, scope)
             try:
-                # strict=False: llama.cpp grammars let raw newlines into JSON strings.
-                data = json.loads(_strip_fences(completion.text), strict=False)
-                return schema.model_validate(data)
+                parsed = schema.model_validate(extract_json(completion.text))
+                if scope.dialogue_id is not None:
+                    self.structured_ok[scope.dialogue_id][role] += 1
+                return parsed
             except json.JSONDecodeError as exc:
                 error = f"not valid JSON: {exc.msg} at position {exc.pos}"
             except ValidationError as exc:
@@ -339,16 +359,6 @@ class Caller:
                 },
             ]
         return None
-
-
-def _strip_fences(text: str) -> str:
-    """Models often wrap JSON in Markdown fences; take what is inside."""
-    t = text.strip()
-    if t.startswith("```"):
-        t = t.split("\n", 1)[1] if "\n" in t else t[3:]
-        t = t.rsplit("```", 1)[0]
-    start, end = t.find("{"), t.rfind("}")
-    return t[start : end + 1] if start != -1 and end > start else t
 
 
 def _short_error(exc: ValidationError) -> str:

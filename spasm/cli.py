@@ -156,6 +156,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"Stopped early: {summary.stopped}. Raise the cap and rerun the same command to "
               "continue.", file=sys.stderr)
         return RUN_EXIT["budget"]
+    if summary.failed:
+        print(f"run failed: {summary.failed}", file=sys.stderr)
+        return RUN_EXIT["failed"]
     if summary.completed < summary.planned:
         print(f"{summary.planned - summary.completed} dialogues are not done (see the errors "
               "table); rerun the same command to retry them.", file=sys.stderr)

@@ -41,10 +41,15 @@ class Prices(_Strict):
     output_per_1m: float = Field(0.0, ge=0)
 
 
+StructuredOutputMode = Literal["auto", "json_schema", "json_object", "text"]
+
+
 class BackendConfig(_Strict):
     """One model backend: an OpenAI-compatible endpoint or the embedded model."""
 
-    kind: Literal["openai", "embedded"] = "openai"
+    #: A registered backend kind (:func:`spasm.backends.register_backend`): ``openai`` or
+    #: ``embedded`` unless a plugin adds one.
+    kind: str = "openai"
     model: str = EMBEDDED_MODEL
     base_url: str | None = None
     #: The NAME of the environment variable holding the key; the key itself never enters config.
@@ -60,6 +65,22 @@ class BackendConfig(_Strict):
     n_threads: int | None = Field(None, ge=1)
     n_ctx: int = Field(8192, ge=512)
     model_path: str | None = None
+    #: How structured calls are sent: ``json_schema`` (``response_format`` json_schema: OpenAI,
+    #: vLLM, SGLang), ``json_object`` (``response_format`` json_object with a ``schema`` field,
+    #: plus the schema in the prompt: llama.cpp's server, DeepSeek), ``text`` (the schema in the
+    #: prompt only; the JSON is parsed out of the reply), or ``auto``: the strictest the server
+    #: takes, found on the first structured call and kept for the run. The embedded model always
+    #: uses its llama.cpp grammar.
+    structured_output: StructuredOutputMode = "auto"
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        from spasm.backends.registry import backend_kinds
+
+        if v not in backend_kinds():
+            raise ValueError(f"unknown backend kind {v!r}; known: {backend_kinds()}")
+        return v
 
     @model_validator(mode="after")
     def _check_kind(self) -> BackendConfig:
@@ -255,7 +276,9 @@ class RunConfig(_Strict):
         # Engine knobs change speed and caps, not content, so a resume may change them.
         data.pop("engine", None)
         for b in data["backends"].values():
-            for k in ("max_concurrency", "rpm", "tpm", "timeout_s", "max_attempts", "n_threads"):
+            # structured_output is a transport detail (what is cached is the request itself).
+            for k in ("max_concurrency", "rpm", "tpm", "timeout_s", "max_attempts", "n_threads",
+                      "structured_output"):
                 b.pop(k, None)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -28,7 +28,7 @@ from spasm.agents import derive_seed
 from spasm.backends import Backend, make_backend
 from spasm.calls import Cache, Caller
 from spasm.config import RunConfig
-from spasm.errors import BudgetExceededError, UserError
+from spasm.errors import BudgetExceededError, StructuredOutputRejectedError, UserError
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
 from spasm.personas import PersonaSet, build_personas, load_schema
 from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
@@ -55,6 +55,45 @@ class RunSummary:
     stopped: str | None = None
     elapsed_s: float = 0.0
     usage: dict[str, Any] = field(default_factory=dict)
+    #: Harness calls that fell back this pass (the sum of the turns' ``harness_fallbacks``).
+    harness_fallbacks: int = 0
+    #: Per ``harness_level``: fallbacks, and harness structured replies that parsed.
+    level_fallbacks: Counter[str] = field(default_factory=Counter)
+    level_parsed: Counter[str] = field(default_factory=Counter)
+    #: Why the run failed although it may have finished (the manifest says ``failed``).
+    failed: str | None = None
+
+    def add(self, result: DialogueResult, parsed: Counter[str]) -> bool:
+        """Count one dialogue's result (``parsed``: its structured replies that parsed, by
+        role); ``True`` when it completed, ``False`` when it was quarantined."""
+        if result.error is not None:
+            self.errors += 1
+            self.error_types[result.error.error_type] += 1
+            return False
+        assert result.dialogue is not None
+        self.new += 1
+        self.completed += 1
+        self.terminations[result.dialogue.termination_reason] += 1
+        level = result.dialogue.harness_level
+        fallbacks = sum(t.harness_fallbacks for t in result.turns)
+        self.harness_fallbacks += fallbacks
+        self.level_fallbacks[level] += fallbacks
+        # The termination judge is structured too, but not a harness layer.
+        self.level_parsed[level] += sum(n for role, n in parsed.items() if role != "judge")
+        return True
+
+    def fallback_failure(self) -> str | None:
+        """The error for harness levels whose structured calls all fell back, if any."""
+        dead = [lv for lv, n in sorted(self.level_fallbacks.items()) if n and not self.level_parsed[lv]]
+        if not dead:
+            return None
+        which = ", ".join(f"{lv} ({self.level_fallbacks[lv]} fallbacks)" for lv in dead)
+        return (
+            f"every structured harness call fell back at harness level {which}: not one reply "
+            "parsed, so those dialogues ran without the layers they test. See the calls table "
+            "(outcomes invalid_output and errors); try another structured_output mode for the "
+            "backend, or a model that can follow a JSON schema."
+        )
 
     def line(self) -> str:
         """The one-line summary the CLI prints."""
@@ -72,8 +111,12 @@ class RunSummary:
         if cost:
             parts.append(f"cost {cost:.4f}")
         parts.append(f"{self.elapsed_s:.1f}s")
+        if self.harness_fallbacks:
+            parts.append(f"{self.harness_fallbacks} harness fallbacks")
         if self.stopped:
             parts.append(f"STOPPED: {self.stopped}")
+        if self.failed:
+            parts.append(f"FAILED: {self.failed}")
         return "; ".join(parts)
 
 
@@ -181,6 +224,13 @@ class Engine:
                     "quarantined_this_pass": summary.errors,
                     "terminations_this_pass": dict(summary.terminations),
                     "errors_this_pass": dict(summary.error_types),
+                    "harness_fallbacks_this_pass": summary.harness_fallbacks,
+                    "harness_fallbacks_by_level": dict(summary.level_fallbacks),
+                },
+                "structured_output": {
+                    name: {"configured": caller.configs[name].structured_output,
+                           "mode": b.structured_mode, "rejected": b.structured_steps}
+                    for name, b in caller.backends.items()
                 },
                 "usage": {
                     "by_role": caller.usage.by_role(),
@@ -191,6 +241,7 @@ class Engine:
                 },
                 "timing": {"elapsed_s": summary.elapsed_s},
                 "stopped": summary.stopped,
+                "failed": summary.failed,
                 "versions": {
                     "python": platform.python_version(),
                     **{p: _version(p) for p in ("openai", "pyarrow", "pydantic", "llama-cpp-python")},
@@ -295,7 +346,11 @@ class Engine:
             summary.planned = len(specs)
             summary.completed = len(specs) - len(todo)
             await self._execute(todo, backends, caller, summary)
+            summary.failed = summary.failed or summary.fallback_failure()
             finished = summary.stopped is None and only is None
+        except StructuredOutputRejectedError as exc:
+            summary.failed = str(exc)
+            raise
         finally:
             summary.elapsed_s = time.perf_counter() - t0
             summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
@@ -307,9 +362,11 @@ class Engine:
                         from spasm.harness.report import level_report
 
                         await anyio.to_thread.run_sync(level_report, self.run_dir)
-                    status = "complete"
+                    status = "failed" if summary.failed else "complete"
                 else:
-                    status = "stopped" if summary.stopped else "incomplete"
+                    status = (
+                        "failed" if summary.failed else "stopped" if summary.stopped else "incomplete"
+                    )
                 self._manifest(summary, caller, status, started)
             if cache is not None:
                 cache.close()
@@ -361,15 +418,11 @@ class Engine:
                 async for spec in specs:
                     result: DialogueResult = await self._simulate(spec, self.config, caller)
                     pending.append(result)
-                    if result.error is not None:
-                        summary.errors += 1
-                        summary.error_types[result.error.error_type] += 1
-                    else:
-                        assert result.dialogue is not None
-                        summary.new += 1
-                        summary.completed += 1
-                        summary.terminations[result.dialogue.termination_reason] += 1
+                    if summary.add(result, caller.structured_ok.pop(spec.dialogue_id, Counter())):
                         bar.update(1)
+                    if caller.rejection is not None:  # the server refuses the format: stop now
+                        summary.failed = str(caller.rejection)
+                        raise caller.rejection
                     bar.set_postfix(
                         tokens=f"{caller.usage.total_tokens:,}",
                         cost=f"{caller.usage.cost:.4f}",
@@ -390,7 +443,7 @@ class Engine:
         except BaseExceptionGroup as group:
             budget, rest = group.split(BudgetExceededError)
             if rest is not None:
-                raise rest from None
+                raise (caller.rejection or rest) from None
             assert budget is not None
             summary.stopped = str(budget.exceptions[0])
         finally:

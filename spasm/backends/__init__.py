@@ -1,19 +1,18 @@
-"""Model backends: the interface, the OpenAI-compatible client, the embedded model."""
+"""Model backends: the interface, the registry by kind, the OpenAI-compatible client, the
+embedded model, and the one function that reads an API key."""
 
 from __future__ import annotations
 
 from spasm.backends.base import Backend, ChatRequest, Completion
-from spasm.config import BackendConfig
+from spasm.backends.keys import resolve_api_key
+from spasm.backends.registry import backend_kinds, make_backend, register_backend
 
-__all__ = ["Backend", "ChatRequest", "Completion", "make_backend"]
-
-
-def make_backend(name: str, cfg: BackendConfig) -> Backend:
-    """Build the backend a config entry describes."""
-    if cfg.kind == "embedded":
-        from spasm.backends.embedded import EmbeddedBackend
-
-        return EmbeddedBackend(name, cfg)
-    from spasm.backends.openai_compat import OpenAIBackend
-
-    return OpenAIBackend(name, cfg)
+__all__ = [
+    "Backend",
+    "ChatRequest",
+    "Completion",
+    "backend_kinds",
+    "make_backend",
+    "register_backend",
+    "resolve_api_key",
+]

@@ -80,6 +80,17 @@ class Backend(ABC):
         """What makes two backends interchangeable for caching (model and endpoint)."""
         return f"{type(self).__name__}:{self.model}"
 
+    @property
+    def structured_mode(self) -> str | None:
+        """How structured requests are sent (``json_schema``, ``json_object``, ``text``);
+        ``None`` while ``auto`` has not found a mode yet (no structured call so far)."""
+        return None
+
+    @property
+    def structured_steps(self) -> list[dict[str, Any]]:
+        """The modes the server rejected this run, in order, with its status and message."""
+        return []
+
     @abstractmethod
     async def complete(self, request: ChatRequest) -> Completion:
         """Run one request, once (retries belong to :mod:`spasm.calls`)."""

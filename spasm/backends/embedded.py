@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 
 from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.registry import register_backend
 from spasm.config import BackendConfig
 from spasm.errors import FatalBackendError, UserError
 
@@ -76,8 +77,13 @@ def load_model(path: Path, n_ctx: int, n_threads: int) -> Any:
         return _MODELS[key]
 
 
+@register_backend("embedded")
 class EmbeddedBackend(Backend):
-    """SmolLM2-135M-Instruct (or another GGUF file) in-process; no key, no network."""
+    """SmolLM2-135M-Instruct (or another GGUF file) in-process; no key, no network.
+
+    Structured requests always use llama.cpp's grammar (``json_object`` with the schema),
+    whatever ``structured_output`` says: the model cannot emit anything but valid JSON.
+    """
 
     def __init__(self, name: str, cfg: BackendConfig) -> None:
         self.name = name
@@ -92,6 +98,10 @@ class EmbeddedBackend(Backend):
     def identity(self) -> str:
         path = self.path or find_smollm2_gguf()
         return f"embedded:{path.name}:{self.cfg.n_ctx}"
+
+    @property
+    def structured_mode(self) -> str:
+        return "json_object"
 
     async def preflight(self) -> None:
         path = self.path or find_smollm2_gguf()

@@ -2,27 +2,47 @@
 
 The SDK's own retries are switched off (``max_retries=0``): spasm has one retry policy, in
 :mod:`spasm.calls`, so retries are never stacked and every attempt appears in the call log.
+SDK exceptions are mapped by type and status to :mod:`spasm.errors` classes, never by message.
+
+Structured requests are sent in the backend's structured-output mode
+(:mod:`spasm.backends.structured`). With ``auto`` the first structured call finds the strictest
+mode the server takes: a rejection steps down a rung and the same request is sent again, so the
+step-down costs no logical call; the mode is then kept for the run (:attr:`structured_mode`).
+A pinned mode the server rejects raises :class:`~spasm.errors.StructuredOutputRejectedError`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
+import anyio
 import openai
 from openai.types.chat import ChatCompletion
 
 from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.keys import resolve_api_key
+from spasm.backends.registry import register_backend
+from spasm.backends.structured import Transport, ladder, names_format, response_format, with_instruction
 from spasm.config import BackendConfig
 from spasm.errors import (
+    BackendError,
+    ConnectionBackendError,
     FatalBackendError,
-    MissingKeyError,
+    MalformedResponseError,
     RateLimitedError,
+    StructuredOutputRejectedError,
+    TimeoutBackendError,
     TransientBackendError,
     UserError,
 )
+
+__all__ = ["OpenAIBackend", "resolve_api_key"]
+
+#: Statuses with which servers refuse a request format they do not take (llama.cpp's server
+#: answers a json_schema ``response_format`` with a 500).
+_REJECTION_STATUSES = frozenset({400, 415, 422, 500, 501})
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -40,17 +60,73 @@ def _retry_after(headers: Any) -> float | None:
     return None
 
 
-def resolve_api_key(cfg: BackendConfig, name: str) -> str:
-    """Read the key from the named environment variable; never log or store it."""
-    if cfg.api_key_env is None:
-        # Local servers (vLLM, llama.cpp, Ollama) accept any key; the SDK insists on one.
-        return "not-needed"
-    key = os.environ.get(cfg.api_key_env)
-    if not key:
-        raise MissingKeyError(cfg.api_key_env, name)
-    return key
+def _server_message(exc: openai.APIStatusError) -> str:
+    """The server's own error message (the ``error.message`` of an OpenAI-style body)."""
+    body = exc.body
+    if isinstance(body, dict):
+        message = body.get("message")
+        return message if isinstance(message, str) else json.dumps(body, ensure_ascii=False)
+    return str(body) if body else exc.message
 
 
+def classify(exc: openai.OpenAIError, backend: str, timeout_s: float) -> BackendError:
+    """The spasm error for an SDK exception, chosen by its type and HTTP status."""
+    if isinstance(exc, openai.APITimeoutError):  # before APIConnectionError: it subclasses it
+        return TimeoutBackendError(f"timeout after {timeout_s}s from {backend}")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return ConnectionBackendError(f"connection error to {backend}: {cause}", detail=str(cause))
+    if isinstance(exc, openai.APIResponseValidationError):
+        return MalformedResponseError(f"malformed response body from {backend}: {exc.message}")
+    if isinstance(exc, openai.APIStatusError):
+        status, detail = exc.status_code, _server_message(exc)
+        text = f"{status} from {backend}: {detail}"
+        if isinstance(exc, openai.RateLimitError) or status == 429:
+            return RateLimitedError(text, retry_after=_retry_after(exc.response.headers), detail=detail)
+        if status in (408, 409) or status >= 500:
+            return TransientBackendError(text, status=status, detail=detail)
+        return FatalBackendError(text, status=status, detail=detail)
+    return FatalBackendError(f"{type(exc).__name__} from {backend}: {exc}")
+
+
+def _completion(resp: Any, backend: str, model: str, latency: float) -> Completion:
+    """Read a chat completion; anything not shaped like one is a MalformedResponseError."""
+    if not isinstance(resp, ChatCompletion):
+        # The SDK returns the body as text when it is not JSON (an HTML error page, say).
+        head = " ".join(str(resp).split())[:120]
+        raise MalformedResponseError(f"malformed response body from {backend} (not JSON): {head!r}")
+    try:
+        choice = resp.choices[0]
+        content = choice.message.content
+        usage = resp.usage
+        prompt_tokens = int(usage.prompt_tokens) if usage else 0
+        completion_tokens = int(usage.completion_tokens) if usage else 0
+    except (AttributeError, IndexError, TypeError, ValueError) as exc:
+        # The SDK builds its models without validation: a body missing fields arrives as is.
+        raise MalformedResponseError(
+            f"malformed response body from {backend} (not a chat completion: {exc})"
+        ) from exc
+    if content is not None and not isinstance(content, str):
+        raise MalformedResponseError(f"malformed response body from {backend} (content not text)")
+    return Completion(
+        text=content or "",
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        resolved_model=getattr(resp, "model", None) or model,
+        finish_reason=getattr(choice, "finish_reason", None) or "stop",
+        latency_s=latency,
+    )
+
+
+class _Rejected(Exception):
+    """Internal: the server refused this transport (carries the server's error)."""
+
+    def __init__(self, error: BackendError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@register_backend("openai")
 class OpenAIBackend(Backend):
     """A backend that speaks the OpenAI chat-completions protocol over HTTP."""
 
@@ -61,23 +137,45 @@ class OpenAIBackend(Backend):
         self.max_concurrency = cfg.max_concurrency
         self._client = openai.AsyncOpenAI(
             base_url=cfg.base_url,
-            api_key=resolve_api_key(cfg, name),
+            api_key=resolve_api_key(cfg.api_key_env, name),
             max_retries=0,
             timeout=cfg.timeout_s,
         )
+        self._ladder = ladder(cfg.structured_output)
+        self._rung = 0
+        #: A structured request succeeded on the current rung: the server takes that format.
+        self._confirmed = False
+        # Until a rung is confirmed, structured requests go one at a time, so a rejection is
+        # handled once instead of by every dialogue in flight.
+        self._negotiating = anyio.Lock()
+        self._steps: list[dict[str, Any]] = []
 
     @property
     def identity(self) -> str:
         return f"openai:{self.cfg.base_url}:{self.model}"
+
+    @property
+    def structured_mode(self) -> str | None:
+        if self.cfg.structured_output == "auto" and not self._confirmed:
+            return None
+        return self._ladder[self._rung].label
+
+    @property
+    def structured_steps(self) -> list[dict[str, Any]]:
+        return list(self._steps)
 
     async def preflight(self) -> None:
         """Fail fast, before any file is written, if the endpoint cannot be reached."""
         try:
             await self._client.with_options(timeout=min(10.0, self.cfg.timeout_s)).models.list()
         except openai.AuthenticationError:
+            where = (
+                f"the key in ${self.cfg.api_key_env}" if self.cfg.api_key_env
+                else "the request: it sends no key; name the variable that holds one with api_key_env"
+            )
             raise UserError(
-                f"Backend {self.name!r} at {self.cfg.base_url} rejected the API key "
-                f"(from ${self.cfg.api_key_env}). Check the key in that variable."
+                f"Backend {self.name!r} at {self.cfg.base_url} rejected {where}. "
+                "Check the key and the base_url."
             ) from None
         except openai.APIConnectionError as exc:
             raise UserError(
@@ -87,62 +185,102 @@ class OpenAIBackend(Backend):
         except openai.APIStatusError:
             pass  # reachable; some servers do not implement /models
 
-    async def complete(self, request: ChatRequest) -> Completion:
-        kwargs: dict[str, Any] = {
+    # -- sending -------------------------------------------------------------------------
+    def _body(self, request: ChatRequest, transport: Transport | None) -> dict[str, Any]:
+        messages = list(request.messages)
+        fmt: dict[str, Any] | None = None
+        if transport is not None and request.json_schema is not None:
+            fmt = response_format(transport, request.json_schema)
+            if transport.mode != "json_schema":
+                messages = with_instruction(messages, request.json_schema)
+        body: dict[str, Any] = {
             "model": self.model,
-            "messages": list(request.messages),
+            "messages": messages,
             "temperature": request.temperature,
             "max_tokens": request.max_tokens,
         }
         if request.seed is not None:
-            kwargs["seed"] = request.seed
-        if request.json_schema is not None:
-            kwargs["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "reply", "schema": request.json_schema},
-            }
+            body["seed"] = request.seed
+        if fmt is not None:
+            body["response_format"] = fmt
+        return body
+
+    async def _send(self, body: dict[str, Any]) -> Completion:
         start = time.perf_counter()
         try:
             # The SDK's documented raw path (``client.post``) skips its per-request parameter
             # transformation (~0.5 ms of CPU per call, a quarter of its cost: see
             # benchmarks/README.md); the body is already plain JSON, and the reply is parsed into
             # the same typed ChatCompletion.
-            resp = await self._client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion)
-        except openai.RateLimitError as exc:
-            raise RateLimitedError(
-                f"429 from {self.name}: {exc.message}", retry_after=_retry_after(exc.response.headers)
-            ) from exc
-        except openai.APITimeoutError as exc:
-            raise TransientBackendError(f"timeout after {self.cfg.timeout_s}s from {self.name}") from exc
-        except openai.APIConnectionError as exc:
-            raise TransientBackendError(f"connection error to {self.name}: {exc.__cause__ or exc}") from exc
-        except openai.InternalServerError as exc:
-            raise TransientBackendError(
-                f"{exc.status_code} from {self.name}: {exc.message}", status=exc.status_code
-            ) from exc
-        except openai.APIStatusError as exc:
-            if exc.status_code in (408, 409) or exc.status_code >= 500:
-                raise TransientBackendError(
-                    f"{exc.status_code} from {self.name}: {exc.message}", status=exc.status_code
-                ) from exc
-            raise FatalBackendError(
-                f"{exc.status_code} from {self.name}: {exc.message}", status=exc.status_code
-            ) from exc
-        except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
-            raise TransientBackendError(f"malformed response body from {self.name}: {exc}") from exc
-        latency = time.perf_counter() - start
-        if not resp.choices:
-            raise TransientBackendError(f"response from {self.name} has no choices")
-        choice = resp.choices[0]
-        usage = resp.usage
-        return Completion(
-            text=choice.message.content or "",
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            resolved_model=resp.model or self.model,
-            finish_reason=choice.finish_reason or "stop",
-            latency_s=latency,
+            resp = await self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+        except openai.OpenAIError as exc:
+            raise classify(exc, self.name, self.cfg.timeout_s) from exc
+        except ValueError as exc:  # json.JSONDecodeError: a JSON content type, a broken body
+            raise MalformedResponseError(f"malformed response body from {self.name}: {exc}") from exc
+        return _completion(resp, self.name, self.model, time.perf_counter() - start)
+
+    async def complete(self, request: ChatRequest) -> Completion:
+        if request.json_schema is None:
+            return await self._send(self._body(request, None))
+        if self._confirmed:
+            return await self._structured(request)
+        async with self._negotiating:
+            return await self._structured(request)
+
+    # -- structured output ---------------------------------------------------------------
+    async def _structured(self, request: ChatRequest) -> Completion:
+        """Send on the current rung; on a rejection step down (or, at the bottom, fail)."""
+        while True:
+            rung = self._rung
+            transport = self._ladder[rung]
+            try:
+                completion = await self._attempt(request, transport)
+            except _Rejected as rejected:
+                self._step_down(rung, transport, rejected.error)
+                continue
+            if self._rung == rung:
+                self._confirmed = True
+            return completion
+
+    async def _attempt(self, request: ChatRequest, transport: Transport) -> Completion:
+        """One send; raises :class:`_Rejected` when the server refuses ``transport``."""
+        body = self._body(request, transport)
+        try:
+            return await self._send(body)
+        except BackendError as exc:
+            if transport.mode == "text" or exc.status not in _REJECTION_STATUSES:
+                raise
+            if names_format(exc.detail):
+                raise _Rejected(exc) from exc
+            if self._confirmed:
+                raise  # this format has worked: an ordinary failure, for the retry policy
+            first = exc
+        # A bare 400/422/500 to a format not yet confirmed: a rejection only if it happens
+        # again while a plain request works (so one injected fault does not change the mode).
+        try:
+            return await self._send(body)
+        except BackendError as again:
+            if again.status != first.status:
+                raise
+        # The same request without response_format (same prompt, so its length is no excuse).
+        plain = {k: v for k, v in body.items() if k != "response_format"}
+        plain["max_tokens"] = min(request.max_tokens, 4)
+        try:
+            await self._send(plain)
+        except BackendError:
+            raise first from None  # plain requests fail too: the server, not the format
+        raise _Rejected(first)
+
+    def _step_down(self, rung: int, transport: Transport, error: BackendError) -> None:
+        if rung != self._rung:
+            return  # a concurrent request already stepped past this rung
+        self._steps.append(
+            {"mode": transport.label, "status": error.status, "message": " ".join(error.detail.split())[:500]}
         )
+        if rung + 1 >= len(self._ladder):
+            raise StructuredOutputRejectedError(self.name, transport.mode, error.status, error.detail)
+        self._rung = rung + 1
+        self._confirmed = False
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -3,12 +3,19 @@
 It speaks just enough of the OpenAI REST API for the ``openai`` SDK to talk to it
 (``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``), answers
 deterministically, and can add latency and inject faults (429, 500, dropped
-connections, hangs, malformed JSON, empty completions) drawn from a seeded RNG::
+connections, hangs, malformed bodies, empty completions) drawn from a seeded RNG, and refuse
+structured-output formats the way real servers do (``reject_formats``)::
 
     with TestServer(FaultPlan(latency_s=0.2, rate_429=0.1, seed=1)) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="test")
         ...
         print(server.stats)
+
+Like llama.cpp's server it honours ``response_format`` ``json_object`` with a ``schema`` field
+(the reply is an instance of the schema). ``TestServer(reject_formats={"json_schema"})`` answers
+json_schema requests with HTTP 500 and a validation message like llama-cpp-python's server
+(``"json_object"`` refuses json_object; ``"schema_field"`` refuses only json_object with a
+``schema`` field, as an API that takes json_object but no schema might).
 
 Run it by hand with ``python -m spasm.testing.server --port 8765 --latency 0.2``.
 
@@ -32,11 +39,11 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import pydantic
 
@@ -66,8 +73,22 @@ _MAX_RECORDED_REQUESTS = 10_000
 _EMBEDDING_DIM = 64
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
 
-# A 200 with an application/json content type whose body is cut off mid-object.
-_MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{"ind'
+# Bodies of a 200 "malformed" answer (FaultPlan.malformed_body), with their content type: JSON
+# cut off mid-object, an HTML page (a proxy's error page), JSON that is no chat completion.
+_MALFORMED_BODIES: dict[str, tuple[bytes, str]] = {
+    "truncated": (
+        b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{"ind',
+        "application/json",
+    ),
+    "html": (
+        b"<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>",
+        "text/html; charset=utf-8",
+    ),
+    "no_choices": (b'{"id": "chatcmpl-malformed", "object": "chat.completion"}', "application/json"),
+}
+
+#: The structured-output formats ``reject_formats`` may name.
+FORMATS: tuple[str, ...] = ("json_schema", "json_object", "schema_field")
 
 
 _Rate = pydantic.Field(default=0.0, ge=0.0, le=1.0)
@@ -97,7 +118,10 @@ class FaultPlan(pydantic.BaseModel, extra="forbid"):
     hang_s: float = pydantic.Field(default=30.0, ge=0.0)
     """How long a hanging request waits before its connection is closed."""
     rate_malformed: float = _Rate
-    """Share of requests answered 200 ``application/json`` with a body that is not JSON."""
+    """Share of requests answered 200 with a body that is not a chat completion."""
+    malformed_body: Literal["truncated", "html", "no_choices"] = "truncated"
+    """What a malformed answer is: JSON cut off mid-object, an HTML page (``text/html``), or
+    JSON without ``choices``."""
     rate_empty: float = _Rate
     """Share of chat completions answered with content ``""``."""
     seed: int = 0
@@ -287,8 +311,10 @@ def _digest(*parts: object) -> int:
 def default_reply(body: dict[str, Any]) -> str:
     """The reply the server gives when no ``reply`` callable is configured.
 
-    A JSON instance for ``response_format`` ``json_schema``, ``{}`` for ``json_object``,
-    otherwise a short sentence chosen and filled from the last message and ``seed``.
+    A JSON instance of the schema for ``response_format`` ``json_schema``, and for
+    ``json_object`` with a ``schema`` field (as llama.cpp's server does); ``{}`` for a bare
+    ``json_object``; otherwise a short sentence chosen and filled from the last message and
+    ``seed``.
     """
     fmt = body.get("response_format")
     if isinstance(fmt, dict):
@@ -297,6 +323,9 @@ def default_reply(body: dict[str, Any]) -> str:
             schema = spec.get("schema") or {}
             return json.dumps(instance_from_schema(schema), ensure_ascii=False)
         if fmt.get("type") == "json_object":
+            schema = fmt.get("schema")
+            if isinstance(schema, dict):
+                return json.dumps(instance_from_schema(schema), ensure_ascii=False)
             return "{}"
     messages = body.get("messages") or []
     last = _text_of(messages[-1].get("content")) if messages else ""
@@ -344,10 +373,15 @@ class _State:
     """Everything the handler threads share, guarded by one lock."""
 
     def __init__(
-        self, plan: FaultPlan, reply: Callable[[dict[str, Any]], str] | None, models: Sequence[str]
+        self,
+        plan: FaultPlan,
+        reply: Callable[[dict[str, Any]], str] | None,
+        models: Sequence[str],
+        reject_formats: frozenset[str] = frozenset(),
     ) -> None:
         self.lock = threading.Lock()
         self.plan = plan
+        self.reject_formats = reject_formats
         self.rng = random.Random(plan.seed)
         self.reply = reply
         self.models = tuple(models)
@@ -416,14 +450,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- responses --------------------------------------------------------------------
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         """Send status line, headers and body in a single write (one TCP segment if small)."""
         phrase = HTTPStatus(status).phrase
         lines = [
             f"{self.protocol_version} {status} {phrase}",
             f"Server: {self.version_string()}",
             f"Date: {self.date_time_string()}",
-            "Content-Type: application/json",
+            f"Content-Type: {content_type}",
             f"Content-Length: {len(body)}",
         ]
         lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
@@ -447,10 +487,17 @@ class _Handler(BaseHTTPRequestHandler):
         if seconds > 0:
             self.state.stopping.wait(seconds)
 
-    def _respond(self, outcome: str, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    def _respond(
+        self,
+        outcome: str,
+        status: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         # Count before writing, so a client that has its answer also sees it in the stats.
         self.state.count(outcome)
-        self._send(status, body, headers)
+        self._send(status, body, headers, content_type)
 
     def do_GET(self) -> None:
         """Serve ``GET /v1/models``; anything else is a 404."""
@@ -522,7 +569,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._pause(plan.hang_s)
             self.close_connection = True  # the socket is closed without a byte written
         elif outcome == "malformed":
-            self._respond("malformed", 200, _MALFORMED_BODY)
+            malformed, content_type = _MALFORMED_BODIES[plan.malformed_body]
+            self._respond("malformed", 200, malformed, content_type=content_type)
         else:
             try:
                 if not isinstance(body, dict):
@@ -550,6 +598,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "invalid_request_error",
                 "unsupported_parameter",
             )
+        self._check_format(body.get("response_format"))
         if empty:
             content = ""
         elif state.reply is not None:
@@ -600,6 +649,33 @@ class _Handler(BaseHTTPRequestHandler):
         }
         return ("empty" if empty else "ok"), payload
 
+    def _check_format(self, fmt: Any) -> None:
+        """Refuse a ``response_format`` named in ``reject_formats``, as llama-cpp-python's
+        server refuses json_schema: HTTP 500 with its pydantic validation message."""
+        rejected = self.state.reject_formats
+        if not rejected or not isinstance(fmt, dict):
+            return
+        kind = fmt.get("type")
+        refused = kind in rejected or (
+            kind == "json_object" and "schema" in fmt and "schema_field" in rejected
+        )
+        if not refused:
+            return
+        if kind == "json_object" and kind not in rejected:
+            message = (
+                "1 validation error:\n  {'type': 'extra_forbidden', 'loc': ('body', "
+                "'response_format', 'schema'), 'msg': 'Extra inputs are not permitted'}"
+            )
+        else:
+            allowed = " or ".join(f"'{k}'" for k in ("text", "json_schema", "json_object")
+                                  if k not in rejected)
+            message = (
+                "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', "
+                f"'response_format', 'type'), 'msg': \"Input should be {allowed}\", "
+                f"'input': '{kind}'}}"
+            )
+        raise _HTTPError(500, message, "internal_server_error")
+
     def _embeddings(self, body: dict[str, Any], *, empty: bool) -> tuple[str, dict[str, Any]]:
         del empty  # an "empty" draw has no meaning for embeddings: answer normally
         model = body.get("model")
@@ -648,7 +724,8 @@ class TestServer:
 
     ``reply`` maps a chat request body to the reply text; without it the server answers
     deterministically (see :func:`default_reply`). ``models`` are listed by
-    ``GET /v1/models``; requests may name any model.
+    ``GET /v1/models``; requests may name any model. ``reject_formats`` names structured-output
+    formats to refuse with HTTP 500 (any of :data:`FORMATS`).
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -661,8 +738,12 @@ class TestServer:
         port: int = 0,
         *,
         models: Sequence[str] = ("test-model",),
+        reject_formats: Collection[str] = (),
     ) -> None:
-        self._state = _State(plan or FaultPlan(), reply, models)
+        unknown = set(reject_formats) - set(FORMATS)
+        if unknown:
+            raise ValueError(f"unknown format(s) {sorted(unknown)} in reject_formats; known: {FORMATS}")
+        self._state = _State(plan or FaultPlan(), reply, models, frozenset(reject_formats))
         self._host = host
         self._requested_port = port
         self._httpd: _HTTPServer | None = None
@@ -792,6 +873,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-s", type=float, default=30.0)
     p.add_argument("--rate-malformed", type=float, default=0.0)
     p.add_argument("--rate-empty", type=float, default=0.0)
+    p.add_argument("--malformed-body", choices=sorted(_MALFORMED_BODIES), default="truncated")
+    p.add_argument("--reject-format", action="append", choices=FORMATS, default=[],
+                   help="refuse this structured-output format with HTTP 500 (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -814,12 +898,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             hang_s=args.hang_s,
             rate_malformed=args.rate_malformed,
             rate_empty=args.rate_empty,
+            malformed_body=args.malformed_body,
             seed=args.seed,
         )
     except pydantic.ValidationError as exc:
         print(f"error: invalid fault plan:\n{exc}", file=sys.stderr)
         return 2
-    server = TestServer(plan, host=args.host, port=args.port, models=args.models or ["test-model"])
+    server = TestServer(plan, host=args.host, port=args.port, models=args.models or ["test-model"],
+                        reject_formats=args.reject_format)
     try:
         server.start()
     except OSError as exc:
