@@ -7,6 +7,7 @@ The browser tests (tests/test_viewer_browser.py) reuse :func:`make_run` and :fun
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import urllib.error
 import urllib.parse
@@ -51,15 +52,21 @@ RESPONDER = [
 
 
 def _speaker_and_depth(body: dict[str, Any]) -> tuple[str, int, bool]:
+    """Who is asked to speak, how many utterances came before, and whether it is CONCAT."""
     messages = body["messages"]
     system = str(messages[0].get("content") or "") if messages[0]["role"] == "system" else ""
-    responder = system.startswith("You are a customer-service agent")
+    speaker = "responder" if system.startswith("You are a customer-service agent") else "client"
     transcript = next((m["content"] for m in messages if "Conversation so far:" in str(m["content"])), None)
-    if transcript is not None:  # CONCAT: one neutral transcript
+    # The harness keeps only a window of turns, but says where the conversation is.
+    where = re.search(r"This is message (\d+) of the conversation", " ".join(
+        str(m.get("content") or "") for m in messages if m["role"] == "system"))
+    if where:
+        depth = int(where.group(1)) - 1
+    elif transcript is not None:  # CONCAT: one neutral transcript
         depth = sum(line.startswith(("Client: ", "Responder: ")) for line in transcript.splitlines())
-        return ("responder" if responder else "client"), depth, True
-    depth = sum(m["role"] in ("user", "assistant") for m in messages)
-    return ("responder" if responder else "client"), depth, False
+    else:
+        depth = sum(m["role"] in ("user", "assistant") for m in messages)
+    return speaker, depth, transcript is not None
 
 
 def scripted_reply(body: dict[str, Any]) -> str:
@@ -279,7 +286,6 @@ def test_a_non_loopback_bind_requires_its_token(run_dir: Path) -> None:
 
 
 def test_spasm_view_prints_its_url_serves_and_stops_on_ctrl_c(run_dir: Path, tmp_path: Path) -> None:
-    import re
     import signal
     import subprocess
     import sys

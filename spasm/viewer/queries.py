@@ -32,7 +32,7 @@ __all__ = ["Facets", "ListPage", "RunIndex"]
 
 #: Seconds between two checks of whether the run's committed parts changed.
 REFRESH_S = 2.0
-MEMORY_LIMIT = "192MB"
+MEMORY_LIMIT = "128MB"
 EVAL_PER_DIALOGUE = Path("eval") / "per_dialogue.parquet"
 _FIXED_PERSONA = set(PERSONA_HEAD) | set(PERSONA_TAIL)
 
