@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_harness(sub)
     register_eval(sub)
+    from spasm.export.cli import register as register_export
+    register_export(sub)
     from spasm.viewer.cli import register as register_view
     register_view(sub)
     return parser

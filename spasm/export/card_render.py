@@ -1,0 +1,172 @@
+"""The dataset card's Markdown, from :class:`~spasm.export.card.CardStats` (numbers) only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from spasm.export.card import CardStats, size_category
+from spasm.export.formats import META_COLUMNS
+from spasm.export.scans import PLACEHOLDERS
+
+__all__ = ["render_card"]
+
+_ROLE_TEXT = {
+    "responder": "the **Responder's** perspective: the Responder's turns are `assistant` messages and the "
+    "simulated Client's are `user` messages, after the Responder's system prompt. It trains an "
+    "assistant for the Responder's role.",
+    "client": "the **Client's** perspective: the persona's turns are `assistant` messages and the "
+    "Responder's are `user` messages, after the Client's system prompt (the persona card and its "
+    "instructions). It trains a user simulator.",
+    "both": "**both** perspectives: every conversation appears twice, once per role (column `role`); "
+    "the role's own turns are `assistant` messages, its partner's `user` messages, after its own "
+    "system prompt.",
+}
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    if not rows:
+        return ["(none)", ""]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return [*lines, ""]
+
+
+def _n(x: float) -> str:
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
+
+
+def _pairs(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {_n(v)}" for k, v in counts.items())
+
+
+def _header(stats: CardStats, configs: list[dict[str, Any]] | None) -> str:
+    data: dict[str, Any] = {
+        "license": stats.license,
+        "language": [stats.language],
+        "task_categories": ["text-generation"],
+        "tags": ["synthetic", "dialogue", "multi-turn", "persona", "user-simulation", "spasm"],
+        "size_categories": [size_category(stats.examples)],
+        "pretty_name": stats.title,
+    }
+    if configs:
+        data["configs"] = configs
+    return "---\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def _overview(s: CardStats) -> list[str]:
+    lines = [f"# {s.title}", "",
+             f"Synthetic multi-turn conversations between a persona-driven simulated **Client** and a "
+             f"**Responder**, generated with spasm from the run `{s.run}`. Every "
+             "number on this card is computed from the run's tables.", ""]
+    if s.role:
+        lines += [f"This export takes {_ROLE_TEXT[s.role]}", ""]
+    if s.formats:
+        lines += ["Formats: " + ", ".join(f"`{f}`" for f in s.formats) + ". The `hf` files have a "
+                  "`messages` column (`[{role, content}]`, the layout chat templates and TRL's "
+                  "SFTTrainer take) and the metadata columns "
+                  + ", ".join(f"`{c}`" for c in META_COLUMNS) + ".", ""]
+    return lines
+
+
+def _statistics(s: CardStats) -> list[str]:
+    lengths = s.utterances_per_conversation
+    lines = ["## Statistics", ""]
+    lines += _table(["what", "count"], [
+        ("personas", _n(s.personas)), ("conversations", _n(s.conversations)),
+        ("examples", _n(s.examples)), ("utterances", _n(s.utterances)), ("words", _n(s.words)),
+        ("prompt tokens (API-reported)", _n(s.prompt_tokens)),
+        ("completion tokens (API-reported)", _n(s.completion_tokens)),
+    ])
+    lines += [f"Utterances per conversation: min {lengths.min}, median {_n(lengths.median)}, "
+              f"mean {lengths.mean:.2f}, max {lengths.max}.", ""]
+    if s.splits:
+        lines += ["### Splits", "", "Split by persona (seeded): no persona appears in two splits.", ""]
+        lines += _table(["split", "personas", "conversations", "examples"],
+                        [(k, _n(v.personas), _n(v.conversations), _n(v.examples))
+                         for k, v in s.splits.items()])
+    lines += ["### Coverage of the persona schema", ""]
+    lines += _table(["field", "values present", "of the schema's pool", "values outside the pool"],
+                    [(c.field, c.present, c.pool if c.pool is not None else "n/a", c.outside_pool)
+                     for c in s.coverage])
+    return lines
+
+
+def _generation(s: CardStats) -> list[str]:
+    lines = ["## Generation", ""]
+    lines += _table(["pairing", "client model", "responder model", "conversations"],
+                    [(m["pairing"], m["client_model"], m["responder_model"], _n(m["conversations"]))
+                     for m in s.models])
+    if s.temperatures:
+        lines += _table(["pairing", "client temperature", "responder temperature"],
+                        [(p, t["client"], t["responder"]) for p, t in s.temperatures.items()])
+    lines += [f"- T_max (turns per agent): {s.t_max if s.t_max is not None else 'not recorded'}",
+              f"- run seed: {s.seed if s.seed is not None else 'not recorded'}; distinct dialogue seeds: "
+              f"{s.dialogue_seeds}",
+              "- conditions (history projection): " + _pairs(s.conditions),
+              "- harness levels: " + _pairs(s.harness_levels), ""]
+    lines += ["### Termination reasons", ""]
+    lines += _table(["reason", "conversations"], [(k, _n(v)) for k, v in s.terminations.items()])
+    return lines
+
+
+def _quality(s: CardStats) -> list[str]:
+    lines = ["## Quality checks", ""]
+    if s.qa is None:
+        return [*lines, "No QA scan has been run (`spasm qa RUN_DIR`).", ""]
+    qa = s.qa
+    lines += [f"`spasm qa` scanned {_n(qa.dialogues)} conversations ({_n(qa.turns)} utterances) of the run "
+              "for AI-identity leakage, system-prompt leakage, contact-like strings, empty turns, broken "
+              "alternation, exact and near duplicates and role flips.", ""]
+    if qa.findings:
+        lines += _table(["finding", "findings", "conversations"],
+                        [(k, _n(n), _n(qa.dialogues_with.get(k, 0))) for k, n in sorted(qa.findings.items())])
+    else:
+        lines += ["No findings.", ""]
+    lines += [f"- near duplicates: {qa.near_duplicates}", f"- role flips: {qa.role_flips}", ""]
+    if s.role is not None:
+        lines += ["Redactions in this export (contact-like strings replaced by typed placeholders):", ""]
+        lines += _table(["placeholder", "replaced"],
+                        [(PLACEHOLDERS[k], _n(s.redactions.get(k, 0))) for k in PLACEHOLDERS])
+        dropped = sum(s.dropped.values())
+        how = " (each under the first reason that applies):" if dropped else "."
+        lines += [f"Dropped conversations: {_n(dropped)}{how}", ""]
+        if dropped:
+            lines += _table(["reason", "conversations"], [(k, _n(v)) for k, v in s.dropped.items()])
+        if s.quarantined:
+            lines += [f"{_n(s.quarantined)} further conversations were quarantined with an error during "
+                      "generation and never completed.", ""]
+    return lines
+
+
+def _uses(s: CardStats) -> list[str]:
+    small = any("smol" in str(m["client_model"]).lower() or "smol" in str(m["responder_model"]).lower()
+                for m in s.models)
+    lines = ["## Intended uses", "",
+             "- supervised fine-tuning of an assistant in the Responder's role, or of a user simulator "
+             "(the Client's role);",
+             "- research on persona consistency, persona drift and echoing in LLM-LLM dialogue;",
+             "- evaluation sets for multi-turn behaviour (use the persona-level splits).", "",
+             "## Limitations", "",
+             "- The conversations are synthetic: both sides were written by the models listed above, "
+             "with their biases and errors. The personas are sampled from a schema; they are not real "
+             "people, and nothing here describes a real person.",
+             "- The QA scans are pattern-based: they find common forms of AI-identity and prompt leakage "
+             "and of contact-like strings, not every form. Near duplicates are estimated with MinHash.",
+             f"- Language: `{s.language}` as declared at export; it is not detected."]
+    if small:
+        lines.append("- Some conversations were generated by a very small model (SmolLM2-135M): fine for "
+                     "smoke tests and plumbing, not for training or conclusions about models.")
+    return [*lines, ""]
+
+
+def render_card(stats: CardStats, *, configs: list[dict[str, Any]] | None = None) -> str:
+    """The card as Markdown with the Hub's YAML header (``configs`` lists the data files)."""
+    body = [*_overview(stats), *_statistics(stats), *_generation(stats), *_quality(stats), *_uses(stats),
+            "## License", "",
+            f"`{stats.license}`" + ("." if stats.license != "unknown" else
+                                    ": no license was set; set `license` in the run config or pass "
+                                    "`--license` (an id the Hub knows, e.g. `cc-by-4.0`).")]
+    return _header(stats, configs) + "\n" + "\n".join(body) + "\n"

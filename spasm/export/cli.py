@@ -1,0 +1,188 @@
+"""The ``export``, ``qa`` and ``card`` sub-commands (wired in by ``spasm/cli.py`` through
+:func:`register`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from spasm.errors import UserError
+
+__all__ = ["cmd_card", "cmd_export", "cmd_qa", "register"]
+
+_ROLES = ("responder", "client", "both")
+
+
+def _listed(values: list[str] | None) -> list[str]:
+    """Flags given several times and/or as comma lists → one list."""
+    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+
+
+def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "export",
+        help="training-ready files (OpenAI JSONL, ShareGPT, HF Parquet) with QA and a dataset card",
+        description="Export a finished run for fine-tuning: QA scans (findings to RUN_DIR/qa.parquet), "
+        "redaction of contact-like strings, a persona-level split and a dataset card (README.md). "
+        "`spasm export --check FILE` checks an OpenAI chat JSONL file instead.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", type=Path, nargs="?", help="run directory (runs/<name>)")
+    p.add_argument("--out", type=Path, help="output directory (must not exist, or --overwrite)")
+    p.add_argument("--format", action="append", metavar="NAME",
+                   help="openai, sharegpt or hf; repeat or comma-separate (default: all three)")
+    p.add_argument("--role", default="responder", help="whose turns are the assistant's: "
+                   "responder (default), client (a user simulator) or both")
+    p.add_argument("--split", default="0.9,0.05,0.05", help="train,validation,test fractions by persona")
+    p.add_argument("--seed", type=int, help="seed of the split (default: the run's seed)")
+    p.add_argument("--no-system-prompt", action="store_true", help="drop the system prompt")
+    p.add_argument("--weights", action="store_true",
+                   help="openai: weight 0/1 on assistant messages (0 for flagged turns)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    p.add_argument("--allow-unfinished", action="store_true", help="export a run that is not complete")
+    p.add_argument("--license", help="license id for the card (default: the run config's, else unknown)")
+    p.add_argument("--language", default="en", help="language code for the card (default en)")
+    p.add_argument("--near-threshold", type=float, default=0.8, help="near-duplicate Jaccard (0.8)")
+    s = p.add_argument_group("selection (repeat a flag or comma-separate values)")
+    s.add_argument("--condition", action="append", help="keep these conditions (ecp, concat)")
+    s.add_argument("--pairing", action="append", help="keep these pairings (client/responder)")
+    s.add_argument("--harness-level", action="append", help="keep these harness levels (A-E)")
+    s.add_argument("--termination", action="append", help="keep these termination reasons")
+    s.add_argument("--min-utterances", type=int, metavar="N")
+    s.add_argument("--max-utterances", type=int, metavar="N")
+    s.add_argument("--allow-qa", action="append", metavar="KIND",
+                   help="keep dialogues with findings of these kinds (default: dropped); 'all': any")
+    s.add_argument("--only-qa", action="append", metavar="KIND",
+                   help="keep only dialogues with a finding of these kinds")
+    s.add_argument("--echoing", default="drop", help="dialogues spasm eval/annotators marked as echoing: "
+                   "drop (default), keep, only")
+    s.add_argument("--include-failed", action="store_true", help="keep dialogues whose status is not ok")
+    c = p.add_argument_group("checking a file")
+    c.add_argument("--check", type=Path, metavar="FILE", help="check an OpenAI chat JSONL file")
+    c.add_argument("--token-limit", type=int, help="tokens per example for --check (default 16385)")
+    p.set_defaults(func=cmd_export)
+
+
+def _selection(args: argparse.Namespace) -> Any:
+    from spasm.export.select import Selection, qa_kinds
+
+    def kinds(values: list[str] | None) -> list[str]:
+        listed = _listed(values)
+        return qa_kinds() if "all" in listed else listed
+
+    if args.echoing not in ("drop", "keep", "only"):
+        raise UserError(f"--echoing {args.echoing!r}: choose drop, keep or only")
+    for flag in ("min_utterances", "max_utterances"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be 0 or more")
+    return Selection(
+        conditions=_listed(args.condition), pairings=_listed(args.pairing),
+        harness_levels=_listed(args.harness_level), terminations=_listed(args.termination),
+        min_utterances=args.min_utterances, max_utterances=args.max_utterances,
+        allow_qa=kinds(args.allow_qa), only_qa=kinds(args.only_qa), echoing=args.echoing,
+        include_failed=args.include_failed,
+    )
+
+
+def _check(args: argparse.Namespace) -> int:
+    from spasm.export.check import DEFAULT_TOKEN_LIMIT, check_openai_file
+
+    if args.run_dir is not None or args.out is not None:
+        raise UserError("--check FILE checks a file on its own; drop RUN_DIR and --out")
+    report = check_openai_file(args.check, token_limit=args.token_limit or DEFAULT_TOKEN_LIMIT)
+    print(report.text())
+    return 0 if report.passed else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a run, or check a file with ``--check``."""
+    if args.check is not None:
+        return _check(args)
+    from spasm.export.formats import format_names, get_format
+    from spasm.export.pipeline import ExportOptions, export_run
+    from spasm.export.split import parse_split
+
+    if args.run_dir is None or args.out is None:
+        raise UserError("spasm export needs RUN_DIR and --out DIR (or --check FILE)")
+    if args.role not in _ROLES:
+        raise UserError(f"--role {args.role!r}: choose {', '.join(_ROLES)}")
+    formats = _listed(args.format) or format_names()
+    for name in formats:
+        get_format(name)
+    if not 0 < args.near_threshold <= 1:
+        raise UserError("--near-threshold is a Jaccard similarity in (0, 1]")
+    options = ExportOptions(
+        formats=formats, role=args.role, split=parse_split(args.split), seed=args.seed,
+        system_prompt=not args.no_system_prompt, weights=args.weights, selection=_selection(args),
+        allow_unfinished=args.allow_unfinished, overwrite=args.overwrite,
+        near_threshold=args.near_threshold, license=args.license, language=args.language,
+    )
+    summary = export_run(args.run_dir, args.out, options)
+    s = summary.stats
+    print(f"Exported {s.examples} examples ({s.conversations} conversations, {s.personas} personas, "
+          f"role {s.role}) to {summary.out}:")
+    for f in summary.files:
+        print(f"  {f}")
+    print("splits: " + ", ".join(f"{k} {v.examples}" for k, v in s.splits.items()))
+    dropped = sum(s.dropped.values())
+    print(f"dropped {dropped} conversations" + (": " + ", ".join(f"{k} {v}" for k, v in s.dropped.items())
+                                                if dropped else ""))
+    print("redacted: " + (", ".join(f"{k} {v}" for k, v in s.redactions.items()) or "nothing"))
+    print(f"QA findings: {args.run_dir / 'qa.parquet'} (spasm qa {args.run_dir} prints them)")
+    return 0
+
+
+def cmd_qa(args: argparse.Namespace) -> int:
+    """Scan a run, replace its qa table, print the summary."""
+    from spasm.dataset import open_run
+    from spasm.export.qa import check_finished, scan_run, summary_json, summary_table, write_qa
+
+    run = open_run(args.run_dir)
+    check_finished(run, args.allow_unfinished)
+    result = scan_run(run, near_threshold=args.near_threshold)
+    path = write_qa(run.dir, result)
+    print(summary_json(result.summary) if args.json else summary_table(result.summary))
+    if not args.json:
+        print(f"{len(result.rows)} findings → {path}")
+    return 0
+
+
+def cmd_card(args: argparse.Namespace) -> int:
+    """Print (or write) the dataset card of a whole run."""
+    from spasm.export.runcard import run_card
+
+    text = run_card(args.run_dir, allow_unfinished=args.allow_unfinished, license=args.license,
+                    language=args.language)
+    if args.out is None:
+        print(text, end="")
+        return 0
+    from spasm.dataset.files import atomic_write_text
+
+    if args.out.is_dir():
+        raise UserError(f"--out {args.out} is a directory; name the file to write (e.g. README.md)")
+    atomic_write_text(args.out, text)
+    print(f"Wrote {args.out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``export``, ``qa`` and ``card`` to the main parser."""
+    _add_export(subparsers)
+    q = subparsers.add_parser("qa", help="QA scans of a run: findings to RUN_DIR/qa.parquet, a summary",
+                              description="Scan every utterance and dialogue of a run for AI-identity and "
+                              "system-prompt leakage, contact-like strings, empty turns, broken alternation, "
+                              "duplicates and role flips; replace RUN_DIR/qa.parquet; print a summary.")
+    q.add_argument("run_dir", metavar="RUN_DIR", type=Path)
+    q.add_argument("--near-threshold", type=float, default=0.8, help="near-duplicate Jaccard (0.8)")
+    q.add_argument("--allow-unfinished", action="store_true", help="scan a run that is not complete")
+    q.add_argument("--json", action="store_true", help="print the summary as JSON")
+    q.set_defaults(func=cmd_qa)
+    c = subparsers.add_parser("card", help="the dataset card (README.md) of a run",
+                              description="Statistics, coverage, generation settings, terminations and "
+                              "QA results of a whole run, as a Hub dataset card (printed, or --out FILE).")
+    c.add_argument("run_dir", metavar="RUN_DIR", type=Path)
+    c.add_argument("--out", type=Path, help="write the card to this file")
+    c.add_argument("--license", help="license id (default: the run config's, else unknown)")
+    c.add_argument("--language", default="en", help="language code (default en)")
+    c.add_argument("--allow-unfinished", action="store_true", help="describe a run that is not complete")
+    c.set_defaults(func=cmd_card)

@@ -1,0 +1,313 @@
+"""``spasm export``: a finished run → training files, a dataset card and QA findings.
+
+The steps, each in bounded memory however large the run:
+
+1. scan the run (:func:`spasm.export.qa.scan_run`) and replace its ``qa`` table;
+2. select dialogues (:mod:`spasm.export.select`) and split their personas (:mod:`spasm.export.split`);
+3. stream the kept dialogues once, redact them, build each role's :class:`Example` and write them
+   in chunks per split (Parquet, in a work folder of the staging directory);
+4. write every format's file per split from those chunks, then the card (README.md, card.json);
+5. move the staging directory into place in one ``os.replace``: a failure at any step leaves no
+   half-written output (and ``--overwrite`` keeps the old output until the new one is complete).
+
+Layout of the output directory::
+
+    README.md                         dataset card with the Hub's YAML header
+    card.json                         every number on the card
+    data/{split}-00000-of-00001.parquet   hf format (datasets.load_dataset(DIR))
+    openai/{split}.jsonl              OpenAI chat fine-tuning format
+    sharegpt/{split}.jsonl            ShareGPT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from spasm.dataset import Run, open_run
+from spasm.dataset.files import atomic_write, atomic_write_json, atomic_write_table, atomic_write_text
+from spasm.errors import UserError
+from spasm.export.card import CARD_COLUMNS, CardStats, SplitCount, card_stats
+from spasm.export.card_render import render_card
+from spasm.export.formats import META_COLUMNS, Example, ExportFormat, FormatOptions, get_format, perspective
+from spasm.export.qa import QAResult, check_finished, scan_run, write_qa
+from spasm.export.scans import REDACTABLE, redact
+from spasm.export.select import DIALOGUE_COLUMNS, Selection, SelectionResult, check_selection, select
+from spasm.export.split import SPLIT_NAMES, assign_splits
+from spasm.export.stream import Turn, iter_dialogues, turn_index
+
+__all__ = ["ExportOptions", "ExportSummary", "export_run", "hub_configs"]
+
+Role = Literal["responder", "client", "both"]
+_CHUNK_SCHEMA = pa.schema([
+    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
+                                     ("weight", pa.int8())]))),
+    *META_COLUMNS.items(),
+])
+_FORMAT_PATHS = {"jsonl": "{name}/{split}.jsonl", "parquet": "data/{split}-00000-of-00001.parquet"}
+
+
+class ExportOptions(BaseModel):
+    """Everything ``spasm export`` can be told (the CLI's flags map onto these fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    formats: list[str] = ["openai", "sharegpt", "hf"]
+    role: Role = "responder"
+    split: tuple[float, ...] = (0.9, 0.05, 0.05)
+    #: Seed of the persona split (default: the run's seed).
+    seed: int | None = None
+    system_prompt: bool = True
+    weights: bool = False
+    selection: Selection = Selection()
+    allow_unfinished: bool = False
+    overwrite: bool = False
+    near_threshold: float = Field(0.8, gt=0, le=1)
+    #: Hub license id (default: ``license`` of the run config, else ``unknown``).
+    license: str | None = None
+    language: str = "en"
+    #: Dialogues per work chunk (memory per chunk, not a limit on the run).
+    chunk_dialogues: int = Field(2048, ge=1)
+
+
+class ExportSummary(BaseModel):
+    """What an export wrote."""
+
+    out: str
+    files: list[str]
+    stats: CardStats
+
+
+@dataclass
+class _Built:
+    """What the build pass produced: chunk files per split and the numbers the card needs."""
+
+    chunks: dict[str, list[Path]] = field(default_factory=dict)
+    utterances: dict[str, int] = field(default_factory=dict)
+    words: int = 0
+    redactions: Counter[str] = field(default_factory=Counter)
+    splits: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _check_out(run: Run, out: Path, overwrite: bool) -> None:
+    run_dir, target = run.dir.resolve(), out.resolve()
+    if target == run_dir or run_dir.is_relative_to(target):
+        raise UserError(f"--out {out} would replace the run itself; choose a directory outside {run.dir}")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; name a directory to export into")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"--out {out} exists and is not empty; choose another directory or pass --overwrite")
+
+
+def _publish(stage: Path, out: Path) -> None:
+    """Move ``stage`` to ``out``; an existing ``out`` is deleted only once the new one is in place."""
+    old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:8]}"
+    if out.exists():
+        os.replace(out, old)
+    try:
+        os.replace(stage, out)
+    except BaseException:
+        if old.exists() and not out.exists():
+            os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _speakers(index: pa.Table) -> dict[str, set[str]]:
+    grouped = index.group_by("dialogue_id").aggregate([("speaker", "distinct")])
+    return {d: set(s) for d, s in zip(grouped.column("dialogue_id").to_pylist(),
+                                     grouped.column("speaker_distinct").to_pylist(), strict=True)}
+
+
+def _cards(run: Run, persona_ids: set[str]) -> dict[str, str]:
+    if not run.has("personas"):
+        return {}
+    t = run.table("personas", ["persona_id", "card"])
+    t = t.filter(pc.is_in(t.column("persona_id"), value_set=pa.array(sorted(persona_ids), pa.string())))
+    return dict(zip(t.column("persona_id").to_pylist(), t.column("card").to_pylist(), strict=True))
+
+
+class _Builder:
+    """Streams the kept dialogues once into per-split chunk files of examples."""
+
+    def __init__(self, run: Run, qa: QAResult, kept: pa.Table, splits: dict[str, str],
+                 options: ExportOptions, work: Path, index: pa.Table) -> None:
+        self.run, self.qa, self.options, self.work, self.index = run, qa, options, work, index
+        self.rows = {r["dialogue_id"]: r for r in kept.to_pylist()}
+        self.splits = splits
+        self.roles = ["responder", "client"] if options.role == "both" else [options.role]
+        personas = {r["persona_id"] for r in self.rows.values()}
+        self.cards = _cards(run, personas) if "client" in self.roles else {}
+        flagged = index.filter(pc.field("flagged"))
+        self.flagged: dict[str, set[int]] = {}
+        for d, i in zip(flagged.column("dialogue_id").to_pylist(), flagged.column("turn_index").to_pylist(),
+                        strict=True):
+            self.flagged.setdefault(d, set()).add(i)
+        self.buffers: dict[str, list[dict[str, Any]]] = {}
+        self.built = _Built()
+
+    def untrained(self, did: str) -> set[int]:
+        """Turns not to train on: flagged by the harness, or with a kept unredactable finding."""
+        out = set(self.flagged.get(did, set()))
+        for r in self.qa.by_dialogue.get(did, []):
+            if r.kind not in REDACTABLE and r.turn_index is not None:
+                out.add(r.turn_index)
+        return out
+
+    def system_prompt(self, row: dict[str, Any], role: str) -> str:
+        prompt = row.get(f"{role}_system_prompt")
+        if not prompt and role == "client":
+            prompt = self.cards.get(row["persona_id"])  # imported runs: the card is the persona prompt
+        return str(prompt or "")
+
+    def add(self, did: str, turns: list[Turn]) -> None:
+        row = self.rows[did]
+        findings = self.qa.turn_findings(did)
+        clean = []
+        n_redacted = 0
+        for t in turns:
+            text, done = redact(t.text, findings.get(t.index, []))
+            self.built.redactions.update(r.kind for r in done)
+            n_redacted += len(done)
+            self.built.words += len(text.split())
+            clean.append(Turn(t.index, t.speaker, text))
+        self.built.utterances[did] = len(turns)
+        split = self.splits[row["persona_id"]]
+        counts = self.built.splits.setdefault(split, {"personas": set(), "conversations": 0, "examples": 0})
+        counts["personas"].add(row["persona_id"])
+        counts["conversations"] += 1
+        untrained = self.untrained(did)
+        for role in self.roles:
+            messages = perspective(clean, role, self.system_prompt(row, role), untrained=untrained)
+            meta = {k: row.get(k) for k in META_COLUMNS}
+            meta.update(role=role, redactions=n_redacted)
+            self.buffers.setdefault(split, []).append({"messages": messages, **meta})
+            counts["examples"] += 1
+        if len(self.buffers[split]) >= self.options.chunk_dialogues:
+            self.flush(split)
+
+    def flush(self, split: str) -> None:
+        rows = self.buffers.pop(split, [])
+        if not rows:
+            return
+        chunks = self.built.chunks.setdefault(split, [])
+        path = self.work / f"{split}-{len(chunks):05d}.parquet"
+        atomic_write_table(path, pa.Table.from_pylist(rows, _CHUNK_SCHEMA))
+        chunks.append(path)
+
+    def run_pass(self) -> _Built:
+        for did, turns in iter_dialogues(self.run, self.index, only=set(self.rows)):
+            self.add(did, turns)
+        for split in list(self.buffers):
+            self.flush(split)
+        return self.built
+
+
+def _examples(chunks: list[Path]) -> Iterator[list[Example]]:
+    """The examples of a split, one chunk at a time."""
+    for path in chunks:
+        out = []
+        for row in pq.read_table(path).to_pylist():
+            messages = [{k: v for k, v in m.items() if k != "weight" or v is not None}
+                        for m in row.pop("messages")]
+            out.append(Example(messages, row))
+        yield out
+
+
+def _write_format(
+    fmt: ExportFormat, split: str, chunks: list[Path], options: FormatOptions, stage: Path
+) -> Path:
+    rel = _FORMAT_PATHS[fmt.layout].format(name=fmt.name, split=split)
+
+    def write_jsonl(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as fh:
+            for examples in _examples(chunks):
+                fh.writelines(json.dumps(fmt.build(e, options), ensure_ascii=False) + "\n" for e in examples)
+
+    def write_parquet(tmp: Path) -> None:
+        from spasm.export.formats import HF_SCHEMA
+
+        with pq.ParquetWriter(tmp, HF_SCHEMA, compression="zstd") as writer:
+            for examples in _examples(chunks):
+                writer.write_table(pa.Table.from_pylist([fmt.build(e, options) for e in examples], HF_SCHEMA))
+
+    atomic_write(stage / rel, write_jsonl if fmt.layout == "jsonl" else write_parquet)
+    return Path(rel)
+
+
+def hub_configs(formats: list[ExportFormat], splits: list[str]) -> list[dict[str, Any]]:
+    """The card's ``configs``: one ``default`` config over the hf files (else the first JSONL
+    format), which ``datasets.load_dataset(DIR)`` and the Hub load. Only one: ``datasets`` picks
+    one builder for a folder, so a JSONL config beside Parquet ones would not load."""
+    fmt = sorted(formats, key=lambda f: f.layout != "parquet")[0]
+    files = [{"split": s, "path": _FORMAT_PATHS[fmt.layout].format(name=fmt.name, split=s)} for s in splits]
+    return [{"config_name": "default", "data_files": files}]
+
+
+def _selection_error(result: SelectionResult) -> UserError:
+    reasons = ", ".join(f"{k} {v}" for k, v in result.dropped.items()) or "the run has no dialogues"
+    return UserError(f"the selection leaves no dialogue of {result.considered} ({reasons}); loosen the "
+                     "filters, or keep findings with --allow-qa KIND / --echoing keep / --include-failed")
+
+
+def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | None = None) -> ExportSummary:
+    """Export a finished run (see the module docstring)."""
+    options = options or ExportOptions()
+    run, out = open_run(run_dir), Path(out)
+    check_finished(run, options.allow_unfinished)
+    formats = [get_format(f) for f in dict.fromkeys(options.formats)]
+    if not formats:
+        raise UserError("name at least one --format")
+    _check_out(run, out, options.overwrite)
+    dialogues = run.table("dialogues", list(dict.fromkeys(DIALOGUE_COLUMNS + CARD_COLUMNS)))
+    check_selection(dialogues, options.selection)  # before the scan: a typo fails fast
+    qa = scan_run(run, near_threshold=options.near_threshold)
+    write_qa(run.dir, qa)
+    index = turn_index(run)
+    errors = run.table("errors", ["dialogue_id"]).column(0).to_pylist() if run.has("errors") else []
+    result = select(dialogues, qa, options.selection, errors, speakers=_speakers(index), role=options.role)
+    if not result.kept:
+        raise _selection_error(result)
+    keep = pc.is_in(dialogues.column("dialogue_id"), value_set=pa.array(result.kept, pa.string()))
+    kept = dialogues.filter(keep)
+    run_seed = (run.config or {}).get("seed", run.manifest.get("seed", 0))
+    seed = options.seed if options.seed is not None else int(run_seed or 0)
+    splits = assign_splits(kept.column("persona_id").to_pylist(), options.split, seed)
+    stage = out.parent / f".{out.name}.staging-{uuid.uuid4().hex[:8]}"
+    try:
+        built = _Builder(run, qa, kept, splits, options, stage / ".work", index).run_pass()
+        names = [s for s in SPLIT_NAMES if s in built.chunks]
+        fopts = FormatOptions(system_prompt=options.system_prompt, weights=options.weights)
+        files = [_write_format(f, s, built.chunks[s], fopts, stage) for f in formats for s in names]
+        stats = card_stats(
+            run, kept, built.utterances, built.words,
+            examples=sum(v["examples"] for v in built.splits.values()),
+            splits={s: SplitCount(personas=len(built.splits[s]["personas"]),
+                                  conversations=built.splits[s]["conversations"],
+                                  examples=built.splits[s]["examples"]) for s in names},
+            qa=qa.summary, redactions=dict(sorted(built.redactions.items())), dropped=result.dropped,
+            quarantined=result.quarantined, role=options.role, formats=[f.name for f in formats],
+            license=options.license or str((run.config or {}).get("license") or "unknown"),
+            language=options.language,
+        )
+        atomic_write_text(stage / "README.md", render_card(stats, configs=hub_configs(formats, names)))
+        atomic_write_json(stage / "card.json", stats.model_dump(mode="json"))
+        shutil.rmtree(stage / ".work", ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _publish(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return ExportSummary(out=str(out), files=["README.md", "card.json", *map(str, files)], stats=stats)
