@@ -260,10 +260,27 @@ def test_labels_append_through_the_run_store_and_the_latest_wins(tmp_path: Path,
     assert labels.labelled_at.is_monotonic_increasing and labels.annotation_id.is_unique
     assert all((copy / ".commits" / p.name[len("part-"):-len(".parquet")]).exists()
                for p in (copy / "annotations.parquet").iterdir())
-    # Nothing but the annotations table was written.
+    # Nothing but the annotations table (its parts and commit markers, under the run lock).
     before = {p.relative_to(run_dir) for p in run_dir.rglob("*") if p.is_file()}
     after = {p.relative_to(copy) for p in copy.rglob("*") if p.is_file()}
-    assert {str(p).split("/")[0] for p in after - before} == {"annotations.parquet", ".commits"}
+    assert {str(p).split("/")[0] for p in after - before} <= {"annotations.parquet", ".commits", ".lock"}
+
+
+def test_a_label_waits_for_another_writer_and_says_so_when_it_cannot(
+    tmp_path: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spasm.dataset.lock import RunLock
+    from spasm.viewer import annotations
+
+    monkeypatch.setattr(annotations, "LOCK_WAIT_S", 0.3)
+    copy = tmp_path / "busy"
+    shutil.copytree(run_dir, copy)
+    did = str(open_run(copy).dialogues.dialogue_id.iloc[0])
+    with ViewerServer(copy) as srv, RunLock(copy):  # another writer of the run, e.g. spasm eval
+        status, data = post(srv.base_url + "/api/labels", {"dialogue_id": did, "annotator": "ana",
+                                                          "echoing": "none"})
+    assert status == 409 and "not saved" in data["error"] and "being written" in data["error"]
+    assert not open_run(copy).has("annotations")
 
 
 def test_a_non_loopback_bind_requires_its_token(run_dir: Path) -> None:

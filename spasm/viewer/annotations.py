@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,9 +24,17 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spasm.dataset import AnnotationRow, RunStore, open_run
+from spasm.dataset.lock import RunLock
 from spasm.errors import UserError
 
-__all__ = ["AnnotationBook", "LabelIn"]
+__all__ = ["AnnotationBook", "LabelIn", "RunBusy"]
+
+#: How long a label waits for another writer of the run (``spasm eval``'s call log, say).
+LOCK_WAIT_S = 3.0
+
+
+class RunBusy(UserError):
+    """Another spasm command holds the run's write lock (the label was not saved)."""
 
 _ANNOTATOR = re.compile(r"^[\w][\w .@+-]{0,63}$")
 
@@ -62,6 +71,7 @@ class AnnotationBook:
         self.run_dir = Path(run_dir)
         self._clock = clock or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()
+        self._write = threading.Lock()
         self._files: set[str] = set()
         self._count = 0
         self._latest: dict[str, dict[str, dict[str, Any]]] = {}
@@ -163,6 +173,23 @@ class AnnotationBook:
             labelled_at=now,
         )
         batch = f"annotation-{now.strftime('%Y%m%dT%H%M%S%f')}-{row.annotation_id[:8]}"
-        RunStore(self.run_dir).write_batch(batch, {"annotations": [row]})
+        with self._write:
+            lock = self._run_lock()
+            try:
+                RunStore(self.run_dir).write_batch(batch, {"annotations": [row]})
+            finally:
+                lock.release()
         self.refresh()
         return row
+
+    def _run_lock(self) -> RunLock:
+        """The run's write lock, held only for one label: other commands write between labels."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                return RunLock(self.run_dir).acquire()
+            except UserError as exc:
+                if time.monotonic() >= deadline:
+                    raise RunBusy(f"The label was not saved: {exc} Save it again when that command "
+                                  "has finished.") from None
+                time.sleep(0.1)

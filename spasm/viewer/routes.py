@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from spasm.errors import UserError
 from spasm.viewer import pages
-from spasm.viewer.annotations import LabelIn
+from spasm.viewer.annotations import LabelIn, RunBusy
 from spasm.viewer.app import NotFound, Viewer, _valid_id, eval_report, json_response, static_file
 from spasm.viewer.charts import harness_charts
 
@@ -125,7 +125,10 @@ def add_routes(app: FastAPI, viewer: Viewer) -> None:
             raise NotFound(f"No dialogue {label.dialogue_id!r} in this run.")
         if label.echoing is None and label.role_flip is None and not (label.note or "").strip():
             raise UserError("A label needs an echoing choice, a role flip or a note.")
-        await run_in_threadpool(viewer.book.add, label)
+        try:
+            await run_in_threadpool(viewer.book.add, label)
+        except RunBusy as exc:
+            return json_response({"error": str(exc)}, 409)
         return json_response(_labels_json(viewer, label.dialogue_id), 201)
 
     @app.get("/eval/report.html")
