@@ -2,6 +2,13 @@
 
 The Responder never receives the Client's persona card, and the Client is never told it is an
 AI: its system prompt is the card plus instructions to stay the person seeking help.
+
+The simulation sees an agent only through :class:`TurnAgent`: it is set up once per dialogue
+and then produces one :class:`Turn` at a time — the accepted text and everything the turns table
+records about it (attempts, checker verdict, state, fallbacks, cached prompt tokens), returned
+rather than read back from the call log. :class:`PlainAgent` is level A: its frame and the
+projection of the whole history, one generation call per turn. The harnessed agent
+(:class:`spasm.harness.runtime.HarnessedAgent`, levels B–E) wraps a plain agent.
 """
 
 from __future__ import annotations
@@ -9,12 +16,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spasm.backends.base import ChatRequest, Completion
-from spasm.calls import Caller, CallScope
 from spasm.history import History, Speaker
-from spasm.projection import Message, Viewer, messages_digest, project
+from spasm.projection import Message, Viewer, project
+
+if TYPE_CHECKING:
+    from spasm.harness.policy import CharacterPolicy
+    from spasm.harness.state import AgentState, Reduction
+    from spasm.session import DialogueSession
 
 END_MARKER = "<END>"
 
@@ -75,8 +87,96 @@ def derive_seed(*parts: object) -> int:
 
 
 @dataclass(frozen=True)
-class Agent:
-    """One side of the dialogue: who it is, which backend plays it, how it samples."""
+class Turn:
+    """One accepted utterance and everything the turns table records about it."""
+
+    speaker: Speaker
+    text: str
+    completion: Completion
+    #: The exact messages behind the accepted text (the rewrite's, after a rewrite).
+    messages: list[Message]
+    #: Generation calls behind the accepted text: 1, or 2 after a rewrite. Transport retries
+    #: of a call are not attempts (they are rows of the calls table).
+    attempts: int = 1
+    verdict: dict[str, Any] | None = None
+    flagged: bool = False
+    flag_reason: str | None = None
+    #: The speaker's state after its turn (levels with the state layer).
+    state: AgentState | None = None
+    reduction: Reduction | None = None
+    intent: str | None = None
+    #: Harness calls of this turn that fell back (see :mod:`spasm.harness.runtime`).
+    fallbacks: int = 0
+    #: Estimated prompt tokens of this turn's calls a provider's prefix cache could serve.
+    cached_prompt_tokens: int = 0
+    #: Whether ``messages`` can be recomputed from the history by projection (level A); when
+    #: not, they depend on model calls and are stored with the turn.
+    reproducible: bool = True
+
+    def stored_messages(self) -> str | None:
+        """The messages as stored in ``turns.messages``: JSON unless they are reproducible."""
+        return None if self.reproducible else json.dumps(list(self.messages), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class NextPrompt:
+    """What an agent would see for a next turn, without any model call (for measurements)."""
+
+    messages: list[Message]
+    #: Index of the first utterance shown verbatim; earlier ones are summarised (0 at level A).
+    verbatim_from: int = 0
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One generated utterance and the messages it came from."""
+
+    text: str
+    completion: Completion
+    messages: list[Message]
+    #: Prompt tokens of the call a prefix cache could serve (estimate; a float until summed).
+    cacheable_tokens: float = 0.0
+
+
+class TurnAgent(Protocol):
+    """One side of a dialogue as the simulation sees it: set up once, then turn after turn."""
+
+    @property
+    def speaker(self) -> Speaker:
+        """``client`` or ``responder``."""
+        ...
+
+    @property
+    def backend(self) -> str:
+        """The backend that writes this agent's utterances."""
+        ...
+
+    @property
+    def system_prompt(self) -> str:
+        """The agent's stable frame (valid after :meth:`setup`), stored with the dialogue."""
+        ...
+
+    @property
+    def policy(self) -> CharacterPolicy | None:
+        """The compiled identity the agent acts under (``None`` for a plain agent)."""
+        ...
+
+    async def setup(self, session: DialogueSession) -> None:
+        """Prepare for the dialogue (a harnessed agent resolves its policy here)."""
+        ...
+
+    async def turn(self, history: History, session: DialogueSession) -> Turn:
+        """Produce this agent's next accepted utterance after ``history``."""
+        ...
+
+    def next_prompt(self, history: History, session: DialogueSession) -> NextPrompt:
+        """The prompt a next turn would start from (no model call, no change of state)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlainAgent:
+    """Level A: its frame and the projection of the whole history; one call per turn."""
 
     speaker: Speaker
     backend: str
@@ -84,35 +184,53 @@ class Agent:
     temperature: float
     max_tokens: int
 
+    @property
+    def system_prompt(self) -> str:
+        """The frame (persona card or role) the agent speaks from."""
+        return self.viewer.system_prompt
+
+    @property
+    def policy(self) -> CharacterPolicy | None:
+        """A plain agent has no compiled policy."""
+        return None
+
+    def reframed(self, system_prompt: str) -> PlainAgent:
+        """The same agent speaking from another frame (the harness's orchestrated prompt)."""
+        return replace(self, viewer=replace(self.viewer, system_prompt=system_prompt))
+
     def messages(self, history: History, condition: str) -> list[Message]:
         """What this agent sees now: Ψ(history, self)."""
         return project(history, self.viewer, condition)
 
-    async def generate(
-        self,
-        messages: list[Message],
-        caller: Caller,
-        scope: CallScope,
-        seed: int,
-        *,
+    async def draft(
+        self, messages: list[Message], session: DialogueSession, seed: int, *,
         role: str | None = None,
-    ) -> tuple[str, Completion]:
+    ) -> Draft:
         """One utterance from exactly these messages; ``role`` names the call in the log
         (default: the speaker; the harness uses ``rewrite`` for its second attempt)."""
+        share = session.prefix.observe(messages)
         request = ChatRequest(
             messages=tuple(messages), temperature=self.temperature,
             max_tokens=self.max_tokens, seed=seed,
         )
-        completion = await caller.complete(role or self.speaker, self.backend, request, scope)
+        completion = await session.complete(role or self.speaker, self.backend, request)
         text = clean_reply(completion.text, completion.finish_reason == "length")
         if not text:
             text = completion.text.strip()
-        return text, completion
+        return Draft(text, completion, messages, share * completion.prompt_tokens)
 
-    async def reply(
-        self, history: History, condition: str, caller: Caller, scope: CallScope, seed: int
-    ) -> tuple[str, Completion, list[Message]]:
-        """Generate this agent's next utterance from its own projected context."""
-        messages = self.messages(history, condition)
-        text, completion = await self.generate(messages, caller, scope, seed)
-        return text, completion, messages
+    async def setup(self, session: DialogueSession) -> None:
+        """Nothing to prepare."""
+
+    async def turn(self, history: History, session: DialogueSession) -> Turn:
+        """Generate the next utterance from the agent's own projected context."""
+        messages = self.messages(history, session.condition)
+        d = await self.draft(messages, session, session.turn_seed(len(history), self.speaker))
+        return Turn(
+            speaker=self.speaker, text=d.text, completion=d.completion, messages=d.messages,
+            cached_prompt_tokens=round(d.cacheable_tokens),
+        )
+
+    def next_prompt(self, history: History, session: DialogueSession) -> NextPrompt:
+        """The projection of the whole history, as at a next turn."""
+        return NextPrompt(self.messages(history, session.condition))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
+from itertools import pairwise
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -18,7 +21,7 @@ from spasm.harness.context import (
     dialogue_act,
     intent_guidance,
 )
-from spasm.harness.levels import LEVELS, level_label
+from spasm.harness.levels import LEVELS, Layer, Layers, layers, level_label
 from spasm.harness.policy import (
     MAX_NEVER,
     MIN_NEVER,
@@ -242,13 +245,16 @@ def test_the_code_screen() -> None:
 # -- levels, config and plan --------------------------------------------------------------------
 
 
-def test_each_level_adds_one_layer() -> None:
+def test_each_level_lists_the_one_before_it_plus_what_it_adds() -> None:
     order = ["A", "B", "C", "D", "E"]
-    on = [sum(vars(LEVELS[x]).values()) for x in order]
-    assert on == sorted(on) and LEVELS["A"] == type(LEVELS["A"])()
-    assert LEVELS["B"].window and not LEVELS["B"].state
-    assert LEVELS["C"].state and not LEVELS["C"].retrieval
-    assert LEVELS["D"].retrieval and not LEVELS["D"].verify and LEVELS["E"].verify
+    for lower, higher in pairwise(order):
+        assert LEVELS[higher][: len(LEVELS[lower])] == LEVELS[lower]
+        assert len(LEVELS[higher]) > len(LEVELS[lower])
+    assert LEVELS["A"] == () and not layers("A").any
+    assert layers("B").window and not layers("B").state
+    assert layers("C").state and layers("C").policy and not layers("C").retrieval
+    assert layers("D").retrieval and not layers("D").verify and layers("E").verify
+    assert set(LEVELS["E"]) == set(get_args(Layer)) == {f.name for f in fields(Layers)}
     assert level_label("E", "E") == "E" and level_label("C", "A") == "C/A"
 
 
@@ -304,7 +310,7 @@ def test_the_public_names_of_the_harness_package() -> None:
     import spasm.harness
 
     assert spasm.harness.__all__ == [
-        "LEVELS", "POLICY_VERSION", "AgentHarness", "AgentState", "CharacterPolicy",
+        "LEVELS", "POLICY_VERSION", "AgentState", "CharacterPolicy", "HarnessedAgent",
         "StateUpdate", "StructuredContext", "Verdict", "apply_update", "level_label",
     ]
     for name in spasm.harness.__all__:

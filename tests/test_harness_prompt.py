@@ -15,13 +15,14 @@ from typing import Any
 import anyio
 import pytest
 
+from spasm.agents import PlainAgent, TurnAgent, client_system_prompt, derive_seed
 from spasm.backends.base import Backend, ChatRequest, Completion
 from spasm.calls import Caller, CallScope
 from spasm.config import BackendConfig, parse_config
-from spasm.harness.prompt import PrefixTracker
-from spasm.harness.runtime import AgentHarness
+from spasm.harness.runtime import HarnessedAgent
 from spasm.history import History
-from spasm.projection import Message
+from spasm.projection import Message, Viewer, project
+from spasm.session import DialogueSession, PrefixTracker
 from spasm.simulation import DialogueSpec, build_agents
 from spasm.testing.server import instance_from_schema
 
@@ -109,15 +110,17 @@ def _config(**harness: Any) -> Any:
 
 
 def _harness(level: str, speaker: str = "client", condition: str = "ecp") -> tuple[
-    AgentHarness, Caller, ScriptedBackend
+    TurnAgent, DialogueSession, ScriptedBackend
 ]:
+    """The agent ``build_agents`` makes for ``speaker`` at ``level``, and its session."""
     config = _config()
     spec = DialogueSpec("d1", PERSONA, 0, condition, config.pairing_list[0], 7, (level, level))
     client, responder = build_agents(spec, config)
     agent = client if speaker == "client" else responder
     backend = ScriptedBackend(REPLIES)
     caller = Caller({"fake": backend}, {"fake": BackendConfig(kind="embedded")})
-    return AgentHarness(agent, level, config, PERSONA, PrefixTracker(16)), caller, backend
+    session = DialogueSession(caller, CallScope(dialogue_id="d1"), condition, 7, PrefixTracker(16))
+    return agent, session, backend
 
 
 def _history(n: int) -> History:
@@ -143,27 +146,26 @@ def _check_snapshot(name: str, text: str) -> None:
     )
 
 
-async def _turns(h: AgentHarness, caller: Caller, condition: str, upto: int) -> list[list[Message]]:
+async def _turns(h: TurnAgent, session: DialogueSession, upto: int) -> list[list[Message]]:
     """The client's prompts at each of its turns up to utterance ``upto``."""
-    scope = CallScope(dialogue_id="d1")
-    await h.setup(caller, scope)
+    await h.setup(session)
     seen = []
     for n in range(0, upto, 2):
-        r = await h.turn(_history(n), condition, caller, scope, seed=n)
+        r = await h.turn(_history(n), session)
         seen.append(r.messages)
     return seen
 
 
 @pytest.mark.parametrize("condition", ["ecp", "concat"])
 def test_orchestrated_prompt_snapshot(condition: str) -> None:
-    h, caller, _ = _harness("E", condition=condition)
-    prompts = anyio.run(_turns, h, caller, condition, 10)
+    h, session, _ = _harness("E", condition=condition)
+    prompts = anyio.run(_turns, h, session, 10)
     _check_snapshot(f"harness_prompt_E_{condition}.txt", _render(prompts[-1]))
 
 
 def test_prompt_order_and_what_is_never_in_it() -> None:
-    h, caller, _ = _harness("E")
-    last = anyio.run(_turns, h, caller, "ecp", 10)[-1]
+    h, session, _ = _harness("E")
+    last = anyio.run(_turns, h, session, 10)[-1]
     system, context, notes = last[0]["content"], last[1]["content"], last[-1]["content"]
     # Stable block in SPEC order: identity facts, then style rules, then never-boundaries.
     assert system.index("Who you are:") < system.index("How you write:") < system.index("Never:")
@@ -179,14 +181,14 @@ def test_prompt_order_and_what_is_never_in_it() -> None:
 
 def test_stable_prefix_is_identical_across_turns() -> None:
     for condition in ("ecp", "concat"):
-        h, caller, _ = _harness("E", condition=condition)
-        prompts = anyio.run(_turns, h, caller, condition, 10)
+        h, session, _ = _harness("E", condition=condition)
+        prompts = anyio.run(_turns, h, session, 10)
         assert len({p[0]["content"] for p in prompts}) == 1
         assert prompts[0][0]["role"] == "system"
     # Under ECP, between two folds of the context the previous prompt (less its final turn
     # block) is a prefix of the next one, so a provider cache serves all of it.
-    h, caller, _ = _harness("E")
-    prompts = anyio.run(_turns, h, caller, "ecp", 10)
+    h, session, _ = _harness("E")
+    prompts = anyio.run(_turns, h, session, 10)
     prefix_pairs = [
         (a, b) for a, b in pairwise(prompts)
         if a[1]["content"] == b[1]["content"]
@@ -197,37 +199,45 @@ def test_stable_prefix_is_identical_across_turns() -> None:
 
 
 def test_the_cache_estimate_sees_the_stable_prefix() -> None:
-    h, caller, _ = _harness("E")
-    scope = CallScope(dialogue_id="d1")
+    h, session, _ = _harness("E")
 
     async def go() -> list[int]:
-        await h.setup(caller, scope)
-        return [(await h.turn(_history(n), "ecp", caller, scope, seed=n)).cached_prompt_tokens
-                for n in (0, 2, 4)]
+        await h.setup(session)
+        return [(await h.turn(_history(n), session)).cached_prompt_tokens for n in (0, 2, 4)]
 
     cached = anyio.run(go)
     assert cached[0] == 0 and all(c > 0 for c in cached[1:])
 
 
-def test_level_a_is_the_plain_agent() -> None:
-    h, caller, backend = _harness("A")
+def test_level_a_is_the_plain_agent_request_for_request() -> None:
+    h, session, backend = _harness("A")
+    assert isinstance(h, PlainAgent)
+    r = anyio.run(h.turn, _history(4), session)
     config = _config()
-    spec = DialogueSpec("d1", PERSONA, 0, "ecp", config.pairing_list[0], 7)
-    client, _ = build_agents(spec, config)
-    r = anyio.run(lambda: h.turn(_history(4), "ecp", caller, CallScope(), 3))
-    assert r.messages == client.messages(_history(4), "ecp")
-    assert not r.stored_messages and r.state is None and r.verdict is None
-    assert [req.json_schema for req in backend.requests] == [None]
+    frame = Viewer("client", client_system_prompt(PERSONA["card"], config.dialogue.responder_role))
+    # Exactly the request of a plain agent: its frame, the projection, its turn's seed.
+    assert backend.requests == [ChatRequest(
+        messages=tuple(project(_history(4), frame, "ecp")),
+        temperature=config.backends["fake"].temperatures.client,
+        max_tokens=config.dialogue.max_tokens, seed=derive_seed(7, 4, "client"),
+    )]
+    assert r.reproducible and r.stored_messages() is None and r.attempts == 1
+    assert r.state is None and r.verdict is None and r.fallbacks == 0
+
+
+def test_levels_b_to_e_wrap_the_plain_agent() -> None:
+    for level in "BCDE":
+        h, _, _ = _harness(level)
+        assert isinstance(h, HarnessedAgent) and isinstance(h.inner, PlainAgent)
 
 
 def test_the_responder_never_sees_the_client_persona() -> None:
-    h, caller, backend = _harness("E", speaker="responder")
+    h, session, backend = _harness("E", speaker="responder")
 
     async def go() -> None:
-        scope = CallScope(dialogue_id="d1")
-        await h.setup(caller, scope)
+        await h.setup(session)
         for n in range(1, 10, 2):
-            await h.turn(_history(n), "ecp", caller, scope, seed=n)
+            await h.turn(_history(n), session)
 
     anyio.run(go)
     sent = json.dumps([list(r.messages) for r in backend.requests])

@@ -9,9 +9,12 @@ Module          Layer
 ``retrieval``   in-character example retrieval (lexical pre-filter, weighted re-rank)
 ``prompt``      the orchestrated prompt, stable parts first
 ``checker``     verify and rewrite
-``levels``      the A–E ablation
-``runtime``     one wrapped agent in one dialogue, turn by turn
-``probe``       the long-range fact-recall probe
+``levels``      the A–E ablation: each level a list of layers
+``profile``     who an agent is to its harness; its resolved policy
+``verify``      the check-and-rewrite loop at run time
+``runtime``     :class:`HarnessedAgent`: a plain agent in the layers of its level
+``measure``     measurements outside the agent: the audit and the recall probe
+``probe``       the long-range fact-recall probe's question and score
 ``report``      the per-level report (:func:`spasm.harness.report.level_report`)
 ==============  =====================================================================
 """
@@ -22,15 +25,15 @@ from spasm.harness.checker import Verdict
 from spasm.harness.context import StructuredContext
 from spasm.harness.levels import LEVELS, level_label
 from spasm.harness.policy import POLICY_VERSION, CharacterPolicy
-from spasm.harness.runtime import AgentHarness
+from spasm.harness.runtime import HarnessedAgent
 from spasm.harness.state import AgentState, StateUpdate, apply_update
 
 __all__ = [
     "LEVELS",
     "POLICY_VERSION",
-    "AgentHarness",
     "AgentState",
     "CharacterPolicy",
+    "HarnessedAgent",
     "StateUpdate",
     "StructuredContext",
     "Verdict",

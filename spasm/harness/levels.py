@@ -11,18 +11,33 @@ C      B + external state: the persona compiled into a policy (the orchestrated 
 D      C + retrieval of 4–5 in-character examples
 E      D + verify and rewrite: a checker scores each candidate; one rewrite on failure
 =====  ===========================================================================
+
+A level is a list of layers (:data:`LEVELS`, data, not ``if level >= "C"`` in the code); each
+level lists the one before it plus what it adds. A level without layers is the plain agent.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Literal
 
-__all__ = ["LEVELS", "Layers", "layers", "level_label"]
+__all__ = ["LEVELS", "Layer", "Layers", "layers", "level_label"]
+
+#: The layers, in the order a turn runs them.
+Layer = Literal["window", "policy", "state", "retrieval", "verify"]
+
+LEVELS: dict[str, tuple[Layer, ...]] = {
+    "A": (),
+    "B": ("window",),
+    "C": ("window", "policy", "state"),
+    "D": ("window", "policy", "state", "retrieval"),
+    "E": ("window", "policy", "state", "retrieval", "verify"),
+}
 
 
 @dataclass(frozen=True)
 class Layers:
-    """The layers switched on at one level."""
+    """The layers switched on at one level, as flags the runtime reads."""
 
     window: bool = False
     policy: bool = False
@@ -30,19 +45,20 @@ class Layers:
     retrieval: bool = False
     verify: bool = False
 
+    @classmethod
+    def of(cls, names: tuple[Layer, ...]) -> Layers:
+        """The flags of a list of layers."""
+        return cls(**{f.name: f.name in names for f in fields(cls)})
 
-LEVELS: dict[str, Layers] = {
-    "A": Layers(),
-    "B": Layers(window=True),
-    "C": Layers(window=True, policy=True, state=True),
-    "D": Layers(window=True, policy=True, state=True, retrieval=True),
-    "E": Layers(window=True, policy=True, state=True, retrieval=True, verify=True),
-}
+    @property
+    def any(self) -> bool:
+        """Whether any layer is on (else the agent is the plain agent)."""
+        return any(getattr(self, f.name) for f in fields(self))
 
 
 def layers(level: str) -> Layers:
     """The layers of ``level`` (A–E)."""
-    return LEVELS[level]
+    return Layers.of(LEVELS[level])
 
 
 def level_label(client: str, responder: str) -> str:

@@ -7,7 +7,8 @@ dialogue, each agent gets the prompt it would see for its next turn plus one que
 words (up to :data:`MAX_FACT_WORDS`, matched on a 5-letter stem) that the answer contains.
 No judge model, one short call per agent per dialogue. At level A the opening is still in the
 prompt verbatim; from level B on it has usually left the window, so the probe measures what the
-structured record kept.
+structured record kept. The probe is run from outside the agent, after the dialogue, by
+:func:`spasm.harness.measure.recall_probe`.
 """
 
 from __future__ import annotations

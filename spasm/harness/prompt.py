@@ -19,26 +19,20 @@ The whole state is never dumped: :func:`spasm.harness.state.salient_items` picks
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from spasm.harness.policy import CharacterPolicy
 from spasm.history import History, Utterance
 from spasm.projection import Message, Viewer, project
-from spasm.tokens import count_tokens
 
 __all__ = [
     "CONTINUED_OPENING",
-    "PrefixTracker",
     "TurnBlock",
     "orchestrate",
     "stable_prompt",
     "turn_block",
 ]
-
-#: The smallest shared prefix the cache estimate counts (providers cache in token blocks).
-MIN_CACHED_TOKENS = 32
 
 #: The first user message of a window that starts with the viewer's own turn (ECP needs one).
 CONTINUED_OPENING = "(The conversation continues; earlier messages are summarised above.)"
@@ -121,53 +115,3 @@ def orchestrate(
     if block:
         messages.append({"role": "system", "content": block})
     return messages
-
-
-class PrefixTracker:
-    """Estimates what a provider's prompt cache would serve, per dialogue.
-
-    Providers cache on exact prefixes of recent requests. For each request we find the longest
-    prefix (of the serialised messages) it shares with one of the last ``memory`` requests of
-    the dialogue and return the share of its tokens in that prefix. It ignores provider
-    minimums (OpenAI caches from 1,024 tokens up, in 128-token steps) and sharing across
-    dialogues (the Responder's frame is the same in all of them), so it is an estimate of
-    what *this design* makes cacheable, not a bill.
-    """
-
-    def __init__(self, memory: int = 8) -> None:
-        self.memory = memory
-        self._seen: list[str] = []
-
-    @staticmethod
-    def _serialise(messages: Sequence[Message]) -> str:
-        return "".join(f"\x1e{m['role']}\x1f{m['content']}" for m in messages)
-
-    def observe(self, messages: Sequence[Message]) -> float:
-        """Record a request; return the share (0–1) of its prompt a prefix cache could serve."""
-        if self.memory <= 0:
-            return 0.0
-        text = self._serialise(messages)
-        best = ""
-        for old in self._seen:
-            # Binary search on slice equality: C-speed comparisons, O(log n) of them.
-            lo, hi = 0, min(len(old), len(text))
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if old[:mid] == text[:mid]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            n = lo
-            if n > len(best):
-                best = text[:n]
-        self._seen = [*self._seen[-(self.memory - 1) :], text] if self.memory > 1 else [text]
-        total = count_tokens(text)
-        shared = count_tokens(best) if best else 0
-        # A few shared characters (the role marker) are not a cache hit: providers cache in
-        # blocks of tokens, so count prefixes of MIN_CACHED_TOKENS and more only.
-        return min(1.0, shared / total) if total and shared >= MIN_CACHED_TOKENS else 0.0
-
-
-def messages_json(messages: Sequence[Message]) -> str:
-    """The exact messages, as stored on a harnessed turn."""
-    return json.dumps(list(messages), ensure_ascii=False)

@@ -1,42 +1,34 @@
 """One agent wrapped in the harness for one dialogue: the layers of its level, turn by turn.
 
-:class:`AgentHarness` is what :func:`spasm.simulation.simulate_dialogue` calls for each
-utterance. At level A it is exactly the plain agent (same request bytes, so caches and old runs
-stay valid). From level B on, a turn is:
+:class:`HarnessedAgent` implements :class:`~spasm.agents.TurnAgent` around a
+:class:`~spasm.agents.PlainAgent` (composition: it asks the plain agent for a draft from the
+messages it orchestrated, or for the same agent in another frame, and touches nothing else).
+The layers come from :data:`spasm.harness.levels.LEVELS`. A turn is:
 
-1. fold utterances that left the window into the structured context (every ``stride``);
-2. classify the current intent (and note a switch);
-3. (C+) run the reducer on what happened since the agent last spoke;
-4. (D+) retrieve in-character examples;
-5. orchestrate the prompt and generate;
-6. (E) check the candidate; on failure rewrite once with the advice; a second failure is
-   accepted and flagged. With ``audit`` on, lower levels have the accepted reply checked
-   (role ``audit``) without any rewrite, for the report.
+1. (window) fold utterances that left the window into the structured context (every
+   ``stride``), and classify the current intent (and note a switch);
+2. (state) run the reducer on what happened since the agent last spoke;
+3. (retrieval) retrieve in-character examples;
+4. orchestrate the prompt and draft the reply;
+5. (verify) check the candidate; on failure rewrite once with the advice; a second failure is
+   accepted and flagged (:mod:`spasm.harness.verify`).
+
+Audits and recall probes are measurements outside the agent (:mod:`spasm.harness.measure`).
 
 No harness call can end a dialogue: a missing or malformed structured output (or a backend
 error on a harness call) falls back — baseline policy, previous state, rule-based context,
-unchecked reply with a flag — and is counted in the turn's ``harness_fallbacks``.
+unchecked reply with a flag — and is counted in the turn's ``fallbacks``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from spasm.agents import Agent, client_instructions, derive_seed, responder_system_prompt
-from spasm.backends.base import ChatRequest, Completion
-from spasm.calls import Caller, CallScope
-from spasm.config import HarnessConfig, RunConfig
+from spasm.agents import Draft, NextPrompt, PlainAgent, Turn, client_instructions, derive_seed
 from spasm.errors import BackendError
-from spasm.harness.checker import (
-    Verdict,
-    check_reply,
-    checker_messages,
-    rewrite_note,
-    rule_violations,
-    screened_verdict,
-)
+from spasm.harness.checker import Verdict
 from spasm.harness.context import (
     Intent,
     StructuredContext,
@@ -50,15 +42,9 @@ from spasm.harness.context import (
     still_open,
 )
 from spasm.harness.levels import Layers, layers
-from spasm.harness.policy import (
-    CharacterPolicy,
-    PolicyBook,
-    baseline_client_policy,
-    baseline_responder_policy,
-    parse_stored_policy,
-)
-from spasm.harness.probe import PROBE_QUESTION, fact_words, recall
-from spasm.harness.prompt import PrefixTracker, TurnBlock, orchestrate, stable_prompt, turn_block
+from spasm.harness.policy import CharacterPolicy
+from spasm.harness.profile import profile_of, resolve_policy
+from spasm.harness.prompt import TurnBlock, orchestrate, stable_prompt, turn_block
 from spasm.harness.retrieval import (
     Example,
     Query,
@@ -79,73 +65,49 @@ from spasm.harness.state import (
     reducer_messages,
     salient_items,
 )
+from spasm.harness.verify import Verified, check_candidate, verify, with_verdict
 from spasm.history import History, Speaker, Utterance
-from spasm.projection import Message, Viewer
+from spasm.projection import Message
+from spasm.session import TurnMeter
 
-__all__ = ["AgentHarness", "TurnResult"]
+if TYPE_CHECKING:
+    from spasm.config import RunConfig
+    from spasm.session import DialogueSession
 
-T = TypeVar("T")
+__all__ = ["HarnessedAgent"]
 
 
-@dataclass
-class TurnResult:
-    """One accepted utterance and everything the turns table records about it."""
+@dataclass(frozen=True)
+class _Prepared:
+    """What the layers before the draft produced for one turn."""
 
-    text: str
-    completion: Completion
-    messages: list[Message]
-    attempts: int = 1
-    verdict: dict[str, Any] | None = None
-    flagged: bool = False
-    flag_reason: str | None = None
-    state: AgentState | None = None
+    block: TurnBlock | None = None
+    intent: Intent | None = None
     reduction: Reduction | None = None
-    intent: str | None = None
     fallbacks: int = 0
-    cached_prompt_tokens: int = 0
-    stored_messages: bool = False
 
 
-class AgentHarness:
-    """The harness around one agent in one dialogue (state is per dialogue, never shared)."""
+class HarnessedAgent:
+    """A plain agent inside the layers of its level, for one dialogue (state never shared)."""
 
     def __init__(
-        self,
-        agent: Agent,
-        level: str,
-        config: RunConfig,
-        persona: dict[str, Any],
-        tracker: PrefixTracker,
+        self, inner: PlainAgent, level: str, config: RunConfig, persona: dict[str, Any]
     ) -> None:
-        self.agent = agent
-        self.level = level
+        self.inner = inner
         self.layers: Layers = layers(level)
-        self.hc: HarnessConfig = config.harness
+        self.hc = config.harness
         self.config = config
         self.persona = persona
-        self.tracker = tracker
-        self.speaker: Speaker = agent.speaker
-        self.partner: Speaker = "responder" if agent.speaker == "client" else "client"
-        self.role = config.dialogue.responder_role
-        self.backend = self.hc.backend or agent.backend
-        self.max_utterances = 2 * config.dialogue.max_turns_per_agent
-        self.labels: dict[Speaker, str] = {
-            "client": "The client" if self.speaker == "responder" else "You",
-            "responder": f"The {self.role}" if self.speaker == "client" else "You",
-        }
-        self.name = (
-            str(persona.get("first_name") or "the client") if self.speaker == "client"
-            else f"the {self.role}"
-        )
-        self.needs_policy = self.layers.policy or self.hc.audit or self.layers.verify
+        self.profile = profile_of(inner.speaker, inner.backend, config, persona)
         self.policy: CharacterPolicy | None = None
-        self.system_prompt = agent.viewer.system_prompt
-        self.viewer: Viewer = agent.viewer
+        #: The plain agent that writes this agent's drafts: ``inner`` in the orchestrated
+        #: frame once the policy layer has compiled it (:meth:`setup`).
+        self.voice = inner
         self.state: AgentState | None = None
         if self.layers.state:
             self.state = (
                 initial_client_state(persona) if self.speaker == "client"
-                else initial_responder_state(self.role)
+                else initial_responder_state(self.profile.role)
             )
         # The Client knows what it came about; the Responder learns it from the conversation.
         self.context = StructuredContext(
@@ -162,84 +124,111 @@ class AgentHarness:
         self._last_own_index: int | None = None
         self._pending_fallbacks = 0
 
+    @property
+    def speaker(self) -> Speaker:
+        """The wrapped agent's side."""
+        return self.inner.speaker
+
+    @property
+    def backend(self) -> str:
+        """The backend that writes the drafts (harness calls may use ``harness.backend``)."""
+        return self.inner.backend
+
+    @property
+    def system_prompt(self) -> str:
+        """The stable frame: the orchestrated one from level C on (after :meth:`setup`)."""
+        return self.voice.system_prompt
+
     # -- set-up ----------------------------------------------------------------------------
-    async def setup(self, caller: Caller, scope: CallScope) -> None:
-        """Resolve the policy (stored with the persona, else extracted once per run)."""
-        if not self.needs_policy:
+    async def setup(self, session: DialogueSession) -> None:
+        """Resolve the policy (stored with the persona, else extracted once per run) and, with
+        the policy layer, compile it into the stable frame."""
+        if not (self.layers.policy or self.layers.verify):
             return
-        if self.speaker == "client":
-            stored = parse_stored_policy(self.persona)
-            baseline = baseline_client_policy(self.persona, self.role)
-            if stored is not None:
-                self.policy = stored
-            elif not self.hc.extract_policy:
-                self.policy = baseline
-            else:
-                self.policy = await self._policy(
-                    caller, scope, ("client", str(self.persona.get("persona_id"))),
-                    baseline, str(self.persona["card"]),
-                )
-        else:
-            d = self.config.dialogue
-            baseline = baseline_responder_policy(self.role, d.responder_instructions)
-            self.policy = baseline if not self.hc.extract_policy else await self._policy(
-                caller, scope, ("responder", self.role), baseline,
-                responder_system_prompt(self.role, d.responder_instructions),
-            )
+        self.policy, self._pending_fallbacks = await resolve_policy(
+            self.profile, self.persona, self.config, session
+        )
         if self.layers.policy:
             base = (
-                client_instructions(self.role) if self.speaker == "client"
-                else self.agent.viewer.system_prompt
+                client_instructions(self.profile.role) if self.speaker == "client"
+                else self.inner.system_prompt
             )
-            self.system_prompt = stable_prompt(base, self.policy, never_n=self.hc.never_in_prompt)
-            self.viewer = Viewer(self.speaker, self.system_prompt)
-
-    async def _policy(
-        self, caller: Caller, scope: CallScope, key: tuple[str, ...],
-        baseline: CharacterPolicy, description: str,
-    ) -> CharacterPolicy:
-        n0 = len(scope.records)
-        try:
-            # The seed depends on what is compiled, not on the dialogue that happens to ask
-            # first: concurrent runs must extract the same policy.
-            policy, fell_back, _ = await PolicyBook.get(
-                caller, self.backend, key, baseline, description, scope,
-                temperature=self.hc.temperature, seed=derive_seed("policy", *key),
+            self.voice = self.inner.reframed(
+                stable_prompt(base, self.policy, never_n=self.hc.never_in_prompt)
             )
-        except BackendError:
-            policy, fell_back = baseline, True
-        if fell_back and len(scope.records) > n0:
-            self._pending_fallbacks += 1
-        return policy
 
-    # -- helpers ---------------------------------------------------------------------------
-    async def _tracked(
-        self, messages: list[Message], scope: CallScope, call: Awaitable[T], acc: list[float]
-    ) -> T:
-        """Run a call and add the prompt tokens a prefix cache could serve to ``acc``."""
-        share = self.tracker.observe(messages)
-        n0 = len(scope.records)
-        try:
-            return await call
-        finally:
-            acc[0] += share * sum(r.prompt_tokens for r in scope.records[n0:])
+    # -- one turn --------------------------------------------------------------------------
+    async def turn(self, history: History, session: DialogueSession) -> Turn:
+        """Produce this agent's next accepted utterance."""
+        seed = session.turn_seed(len(history), self.speaker)
+        meter = TurnMeter(session)
+        fallbacks, self._pending_fallbacks = self._pending_fallbacks, 0
+        prep = await self._prepare(history, session, seed, meter)
+        messages = self._messages(history, session.condition, prep.block)
+        draft = await self.voice.draft(messages, session, seed)
+        meter.add(draft.cacheable_tokens)
+        self.correction = None
+        checked: Verified | None = None
+        if self.layers.verify:
+            checked = await self._verify(draft, history, prep.block, session, seed, meter)
+            draft, self.correction = checked.draft, checked.correction
+        if self.state is not None and checked is not None:
+            self.state = with_verdict(self.state, checked.verdict)
+        self._remember(history, draft.text, prep.intent)
+        return Turn(
+            speaker=self.speaker, text=draft.text, completion=draft.completion,
+            messages=draft.messages,
+            attempts=checked.attempts if checked else 1,
+            verdict=checked.verdict if checked else None,
+            flagged=checked.flagged if checked else False,
+            flag_reason=checked.flag_reason if checked else None,
+            state=self.state, reduction=prep.reduction, intent=prep.intent,
+            fallbacks=fallbacks + prep.fallbacks + (checked.fallbacks if checked else 0),
+            cached_prompt_tokens=meter.cached_prompt_tokens,
+            reproducible=not self.layers.window,
+        )
 
-    async def _safe(self, call: Awaitable[T | None]) -> T | None:
-        """A harness call whose failure must not end the dialogue (budget stops still do)."""
-        try:
-            return await call
-        except BackendError:
-            return None
-
-    def _lines(self, utterances: Sequence[Utterance]) -> str:
-        return "\n".join(f"{self.labels[u.speaker]}: {u.content}" for u in utterances)
-
-    def _open_questions(self, history: History) -> list[str]:
-        return still_open(self.context.unresolved_questions, history.utterances,
-                          self.context.covered, self.speaker)
+    async def _prepare(
+        self, history: History, session: DialogueSession, seed: int, meter: TurnMeter
+    ) -> _Prepared:
+        """The layers before the draft: context, intent, state, examples → the turn block."""
+        if not self.layers.window:
+            return _Prepared()
+        fallbacks = await self._fold_context(history, session, seed, meter)
+        last_client = next(
+            (u.content for u in reversed(history.utterances) if u.speaker == "client"), ""
+        )
+        previous = self.intent
+        intent = classify_intent(last_client, previous)
+        self.intent = intent
+        reduction: Reduction | None = None
+        if self.layers.state and self.state is not None:
+            start = self._last_own_index if self._last_own_index is not None else 0
+            recent = history.utterances[start:]
+            if recent:
+                reduction = await self._reduce(recent, session, seed, meter)
+                if reduction.fallback:
+                    fallbacks += 1
+                self.state = reduction.state
+        examples = None
+        if self.layers.retrieval:
+            window_texts = [u.content for u in history.utterances[self.context.covered :]]
+            chosen = retrieve(
+                self._query(history, intent), self.examples, k=self.hc.examples,
+                prefilter=self.hc.prefilter, exclude_texts=window_texts,
+            )
+            examples = render_examples(chosen) if chosen else None
+        block = TurnBlock(
+            state_items=tuple(salient_items(self.state, self.hc.state_items))
+            if self.state else (),
+            scene=tuple(self._scene(history, intent, previous)),
+            examples=examples,
+            correction=self.correction if self.layers.verify else None,
+        )
+        return _Prepared(block, intent, reduction, fallbacks)
 
     async def _fold_context(
-        self, history: History, caller: Caller, scope: CallScope, seed: int, acc: list[float]
+        self, history: History, session: DialogueSession, seed: int, meter: TurnMeter
     ) -> int:
         """Fold utterances that left the window into the record; returns fallbacks."""
         n = len(history)
@@ -247,14 +236,22 @@ class AgentHarness:
             return 0
         upto = n - self.hc.window
         utts = history.utterances
-        labels: dict[Speaker, str] = dict(self.labels)
+        labels: dict[Speaker, str] = dict(self.profile.labels)
         if self.hc.context == "llm":
             msgs = context_messages(self.context, utts[self.context.covered : upto], self.speaker,
                                     labels)
-            new = await self._tracked(msgs, scope, self._safe(compress_llm(
-                caller, self.backend, self.context, utts, upto, self.speaker, labels, scope,
-                temperature=self.hc.temperature, seed=seed,
-            )), acc)
+
+            async def fold() -> StructuredContext | None:
+                try:
+                    return await compress_llm(
+                        session.caller, self.profile.backend, self.context, utts, upto,
+                        self.speaker, labels, session.scope,
+                        temperature=self.hc.temperature, seed=seed,
+                    )
+                except BackendError:
+                    return None
+
+            new = await meter.track(msgs, fold())
             if new is not None:
                 self.context = new
                 return 0
@@ -263,6 +260,65 @@ class AgentHarness:
         self.context = compress_rules(self.context, utts, upto, self.speaker, labels)
         return 0
 
+    async def _reduce(
+        self, recent: Sequence[Utterance], session: DialogueSession, seed: int, meter: TurnMeter
+    ) -> Reduction:
+        assert self.state is not None
+        state = self.state
+        lines = self.profile.lines(recent)
+        msgs = reducer_messages(self.profile.name, state, lines)
+
+        async def step() -> Reduction | None:
+            try:
+                return await reduce_state(
+                    session.caller, self.profile.backend, self.profile.name, state, lines,
+                    session.scope, temperature=self.hc.temperature,
+                    max_tokens=self.hc.reducer_max_tokens, seed=derive_seed(seed, "reducer"),
+                )
+            except BackendError:
+                return None
+
+        reduction = await meter.track(msgs, step())
+        return reduction if reduction is not None else apply_update(state, None, lines)
+
+    async def _verify(
+        self, draft: Draft, history: History, block: TurnBlock | None,
+        session: DialogueSession, seed: int, meter: TurnMeter,
+    ) -> Verified:
+        assert self.policy is not None
+        policy = self.policy
+
+        async def check(text: str, n: int) -> Verdict | None:
+            return await check_candidate(
+                self.profile, policy, self.state, history, text, session, self.hc,
+                seed=derive_seed(seed, "check", n), role="checker", meter=meter,
+            )
+
+        async def redraft(note: str) -> Draft:
+            rewrite_block = replace(block, rewrite=note) if block else TurnBlock(rewrite=note)
+            messages = self._messages(history, session.condition, rewrite_block)
+            d = await self.voice.draft(messages, session, derive_seed(seed, "rewrite"),
+                                       role="rewrite")
+            meter.add(d.cacheable_tokens)
+            return d
+
+        return await verify(draft, check, redraft)
+
+    # -- the prompt ------------------------------------------------------------------------
+    def _messages(
+        self, history: History, condition: str, block: TurnBlock | None,
+        context: StructuredContext | None = None,
+    ) -> list[Message]:
+        if not self.layers.window:
+            return self.voice.messages(history, condition)
+        ctx = self.context if context is None else context
+        covered = ctx.covered
+        return orchestrate(
+            history.utterances[covered:], self.voice.viewer, condition, covered=covered,
+            context=render_context(ctx) if covered else None,
+            block=turn_block(block) if block else None,
+        )
+
     def _scene(self, history: History, intent: Intent, previous: Intent | None) -> list[str]:
         scene = [f"This is message {len(history) + 1} of the conversation."]
         if self.context.topic:
@@ -270,247 +326,48 @@ class AgentHarness:
         if self.context.partner_emotion:
             scene.append(f"The other person seemed {self.context.partner_emotion}.")
         scene.append(intent_guidance(self.speaker, intent, previous))
-        open_q = self._open_questions(history)
+        open_q = still_open(self.context.unresolved_questions, history.utterances,
+                            self.context.covered, self.speaker)
         if open_q:
             scene.append("Still open: " + " | ".join(open_q))
         return scene
 
     def _query(self, history: History, intent: Intent) -> Query:
-        last_partner = next(
-            (u.content for u in reversed(history.utterances) if u.speaker == self.partner), ""
-        )
+        last_partner = self.profile.last_partner(history) or ""
         state = self.state or AgentState()
         return Query(
             text=f"{last_partner} {self.context.topic}", intent=intent,
             emotion=dominant_emotion(state), relation=relation_stage(state),
             act=dialogue_act(last_partner) if last_partner else "none",
-            scene=scene_of(len(history), self.max_utterances),
+            scene=scene_of(len(history), self.profile.max_utterances),
         )
-
-    def _checker_who(self) -> str:
-        if self.speaker == "client":
-            return f"{self.name}, who is talking with a {self.role}"
-        return f"a {self.role}"
-
-    async def _check(
-        self, history: History, text: str, caller: Caller, scope: CallScope, seed: int,
-        role: str, acc: list[float] | None,
-    ) -> Verdict | None:
-        """Check a candidate. ``acc=None`` (audits) keeps the call out of the cache estimate:
-        an audit is a measurement, not part of the design being measured."""
-        assert self.policy is not None
-        partner = next(
-            (u.content for u in reversed(history.utterances) if u.speaker == self.partner), None
-        )
-        items = salient_items(self.state, self.hc.state_items) if self.state else []
-        msgs = checker_messages(self.policy, self._checker_who(), items, partner, text)
-        rules = rule_violations(text, self.speaker, self.role)
-        if rules:
-            # A certain breach: fail it without paying for a model's opinion.
-            return screened_verdict(rules)
-        call = self._safe(check_reply(
-            caller, self.backend, msgs, rules, scope, role=role, temperature=self.hc.temperature,
-            max_tokens=self.hc.checker_max_tokens, seed=seed,
-            pass_threshold=self.hc.pass_threshold, boundary_floor=self.hc.boundary_floor,
-        ))
-        if acc is None:
-            return await call
-        return await self._tracked(msgs, scope, call, acc)
-
-    # -- the prompt ------------------------------------------------------------------------
-    def _messages(
-        self, history: History, condition: str, block: TurnBlock | None
-    ) -> list[Message]:
-        if not self.layers.window:
-            return self.agent.messages(history, condition)
-        covered = self.context.covered
-        context = render_context(self.context) if covered else None
-        return orchestrate(
-            history.utterances[covered:], self.viewer, condition, covered=covered,
-            context=context, block=turn_block(block) if block else None,
-        )
-
-    # -- one turn --------------------------------------------------------------------------
-    async def turn(
-        self, history: History, condition: str, caller: Caller, scope: CallScope, seed: int
-    ) -> TurnResult:
-        """Produce this agent's next accepted utterance."""
-        acc = [0.0]
-        fallbacks, self._pending_fallbacks = self._pending_fallbacks, 0
-        intent: Intent | None = None
-        reduction: Reduction | None = None
-        block: TurnBlock | None = None
-        if self.layers.window:
-            fallbacks += await self._fold_context(history, caller, scope, seed, acc)
-            last_client = next(
-                (u.content for u in reversed(history.utterances) if u.speaker == "client"), ""
-            )
-            previous = self.intent
-            intent = classify_intent(last_client, previous)
-            self.intent = intent
-            if self.layers.state and self.state is not None:
-                start = self._last_own_index if self._last_own_index is not None else 0
-                recent = history.utterances[start:]
-                if recent:
-                    reduction = await self._reduce(recent, caller, scope, seed, acc)
-                    if reduction.fallback:
-                        fallbacks += 1
-                    self.state = reduction.state
-            examples = None
-            if self.layers.retrieval:
-                window_texts = [u.content for u in history.utterances[self.context.covered :]]
-                chosen = retrieve(
-                    self._query(history, intent), self.examples, k=self.hc.examples,
-                    prefilter=self.hc.prefilter, exclude_texts=window_texts,
-                )
-                examples = render_examples(chosen) if chosen else None
-            block = TurnBlock(
-                state_items=tuple(salient_items(self.state, self.hc.state_items))
-                if self.state else (),
-                scene=tuple(self._scene(history, intent, previous)),
-                examples=examples,
-                correction=self.correction if self.layers.verify else None,
-            )
-        messages = self._messages(history, condition, block)
-        text, completion = await self._tracked(
-            messages, scope, self.agent.generate(messages, caller, scope, seed), acc
-        )
-        result = TurnResult(text=text, completion=completion, messages=messages,
-                            stored_messages=self.layers.window)
-        self.correction = None
-        if self.layers.verify:
-            await self._verify(result, history, condition, block, caller, scope, seed, acc)
-        elif self.hc.audit:
-            verdict = await self._check(history, result.text, caller, scope,
-                                        derive_seed(seed, "audit"), "audit", None)
-            if verdict is None:
-                fallbacks += 1
-            result.verdict = {"mode": "audit", **(verdict.as_dict() if verdict else
-                                                   {"pass": None, "fallback": True})}
-        if self.state is not None and result.verdict is not None:
-            self.state = self.state.model_copy(update={"control": self.state.control.model_copy(
-                update={"violations": result.verdict.get("violations") or [],
-                        "correction": result.verdict.get("correction_advice") or ""}
-            )})
-        result.fallbacks = fallbacks + result.fallbacks
-        result.state = self.state
-        result.reduction = reduction
-        result.intent = intent
-        self._remember(history, result.text, intent)
-        result.cached_prompt_tokens = round(acc[0])
-        return result
-
-    async def _reduce(
-        self, recent: Sequence[Utterance], caller: Caller, scope: CallScope, seed: int,
-        acc: list[float],
-    ) -> Reduction:
-        assert self.state is not None
-        lines = self._lines(recent)
-        msgs = reducer_messages(self.name, self.state, lines)
-        reduction = await self._tracked(msgs, scope, self._safe(reduce_state(
-            caller, self.backend, self.name, self.state, lines, scope,
-            temperature=self.hc.temperature, max_tokens=self.hc.reducer_max_tokens,
-            seed=derive_seed(seed, "reducer"),
-        )), acc)
-        return reduction if reduction is not None else apply_update(self.state, None, lines)
-
-    async def _verify(
-        self, result: TurnResult, history: History, condition: str, block: TurnBlock | None,
-        caller: Caller, scope: CallScope, seed: int, acc: list[float],
-    ) -> None:
-        checks: list[dict[str, Any]] = []
-        first = await self._check(history, result.text, caller, scope,
-                                  derive_seed(seed, "check", 1), "checker", acc)
-        if first is None:
-            result.fallbacks += 1
-            result.flagged, result.flag_reason = True, "checker_unavailable"
-            result.verdict = {"mode": "verify", "pass": None, "fallback": True, "checks": [],
-                              "rewritten": False}
-            return
-        checks.append(first.as_dict())
-        final = first
-        if not first.passed:
-            self.correction = first.correction_advice or None
-            note = rewrite_note(result.text, first)
-            rewrite_block = replace(block, rewrite=note) if block else TurnBlock(rewrite=note)
-            messages = self._messages(history, condition, rewrite_block)
-            text, completion = await self._tracked(
-                messages, scope,
-                self.agent.generate(messages, caller, scope, derive_seed(seed, "rewrite"),
-                                    role="rewrite"),
-                acc,
-            )
-            result.text, result.completion, result.messages = text, completion, messages
-            result.attempts = 2
-            second = await self._check(history, text, caller, scope,
-                                       derive_seed(seed, "check", 2), "checker", acc)
-            if second is None:
-                result.fallbacks += 1
-                result.flagged, result.flag_reason = True, "checker_unavailable"
-            else:
-                checks.append(second.as_dict())
-                final = second
-                if not second.passed:
-                    result.flagged, result.flag_reason = True, "failed_twice"
-        result.verdict = {
-            "mode": "verify",
-            **final.as_dict(),
-            "pass": final.passed if len(checks) == result.attempts else None,
-            "checks": checks,
-            "rewritten": result.attempts == 2,
-        }
 
     def _remember(self, history: History, text: str, intent: Intent | None) -> None:
         """Keep the accepted utterance as a future example, with the situation it answered."""
         self._last_own_index = len(history)
-        last_partner = next(
-            (u.content for u in reversed(history.utterances) if u.speaker == self.partner), ""
-        )
+        last_partner = self.profile.last_partner(history) or ""
         state = self.state or AgentState()
         self.examples.append(
             Example(
                 text=text, intent=intent or classify_intent(text),
                 emotion=dominant_emotion(state), relation=relation_stage(state),
                 act=dialogue_act(last_partner) if last_partner else "none",
-                scene=scene_of(len(history), self.max_utterances), index=len(history),
+                scene=scene_of(len(history), self.profile.max_utterances), index=len(history),
             )
         )
 
-    # -- after the dialogue ----------------------------------------------------------------
-    async def probe(
-        self, history: History, condition: str, caller: Caller, scope: CallScope, seed: int
-    ) -> dict[str, Any] | None:
-        """Ask what the partner said first; score the answer in code (see :mod:`.probe`)."""
-        first = next(
-            ((i, u) for i, u in enumerate(history.utterances) if u.speaker == self.partner), None
-        )
-        if first is None:
-            return None
-        index, opening = first
-        facts = fact_words(opening.content)
-        if self.layers.window:
-            # Bring the record up to date as a next turn would (rules only: no model call).
-            n = len(history)
-            if n - self.context.covered >= self.hc.window + self.hc.stride:
-                self.context = compress_rules(self.context, history.utterances,
-                                              n - self.hc.window, self.speaker, dict(self.labels))
+    # -- what a next turn would see (for measurements) --------------------------------------
+    def next_prompt(self, history: History, session: DialogueSession) -> NextPrompt:
+        """The prompt of a next turn without any model call: the record brought up to date by
+        rules (as a fold would), the window, the state items; nothing is changed."""
+        if not self.layers.window:
+            return NextPrompt(self.voice.messages(history, session.condition))
+        ctx = self.context
+        n = len(history)
+        if n - ctx.covered >= self.hc.window + self.hc.stride:
+            ctx = compress_rules(ctx, history.utterances, n - self.hc.window, self.speaker,
+                                 dict(self.profile.labels))
         block = TurnBlock(
             state_items=tuple(salient_items(self.state, self.hc.state_items)) if self.state else ()
-        ) if self.layers.window else None
-        messages = self._messages(history, condition, block)
-        messages.append({"role": "system", "content": PROBE_QUESTION})
-        try:
-            request = ChatRequest(messages=tuple(messages), temperature=0.0, max_tokens=60,
-                                  seed=derive_seed(seed, "probe", self.speaker))
-            completion = await caller.complete("probe", self.backend, request, scope)
-            answer = completion.text.strip()
-        except BackendError as exc:
-            return {"opening_index": index, "facts": facts, "answer": None,
-                    "recall": None, "error": type(exc).__name__}
-        return {
-            "opening_index": index,
-            "in_window": index >= self.context.covered,
-            "facts": facts,
-            "answer": answer,
-            "recall": recall(facts, answer),
-        }
+        )
+        return NextPrompt(self._messages(history, session.condition, block, ctx), ctx.covered)

@@ -1,0 +1,124 @@
+"""Who an agent is to its harness and to the measurements of it, and its resolved policy.
+
+A :class:`Profile` is built in code from the speaker, the run config and the persona (no model
+call): the names and labels the harness prompts use and the backend of the harness's own calls.
+The harnessed agent and the audit both build one, so a measurement never reaches into the
+agent for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from spasm.agents import derive_seed, responder_system_prompt
+from spasm.errors import BackendError
+from spasm.harness.policy import (
+    CharacterPolicy,
+    PolicyBook,
+    baseline_client_policy,
+    baseline_responder_policy,
+    parse_stored_policy,
+)
+from spasm.history import History, Speaker, Utterance
+
+if TYPE_CHECKING:
+    from spasm.config import RunConfig
+    from spasm.session import DialogueSession
+
+__all__ = ["Profile", "profile_of", "resolve_policy"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One agent's names and labels in one dialogue, and where its harness calls go."""
+
+    speaker: Speaker
+    partner: Speaker
+    #: The Responder's role (``customer-service agent`` …), known to both sides.
+    role: str
+    #: How prompts about this agent name it (the persona's first name, or ``the <role>``).
+    name: str
+    #: How the agent's own transcript lines label each speaker ("You" for itself).
+    labels: dict[Speaker, str]
+    #: Backend of the harness's calls (policy, reducer, context, checker, audit, probe).
+    backend: str
+    #: The dialogue's cap in utterances (the scene's beginning/middle/end).
+    max_utterances: int
+
+    @property
+    def checker_who(self) -> str:
+        """Who wrote the message a checker reviews."""
+        if self.speaker == "client":
+            return f"{self.name}, who is talking with a {self.role}"
+        return f"a {self.role}"
+
+    def lines(self, utterances: Sequence[Utterance]) -> str:
+        """Utterances as labelled transcript lines, from this agent's side."""
+        return "\n".join(f"{self.labels[u.speaker]}: {u.content}" for u in utterances)
+
+    def last_partner(self, history: History) -> str | None:
+        """What the partner said last, if anything."""
+        return next(
+            (u.content for u in reversed(history.utterances) if u.speaker == self.partner), None
+        )
+
+
+def profile_of(
+    speaker: Speaker, backend: str, config: RunConfig, persona: dict[str, Any]
+) -> Profile:
+    """The profile of the agent ``speaker`` whose utterances ``backend`` writes."""
+    role = config.dialogue.responder_role
+    labels: dict[Speaker, str] = {
+        "client": "The client" if speaker == "responder" else "You",
+        "responder": f"The {role}" if speaker == "client" else "You",
+    }
+    name = (
+        str(persona.get("first_name") or "the client") if speaker == "client" else f"the {role}"
+    )
+    return Profile(
+        speaker=speaker,
+        partner="responder" if speaker == "client" else "client",
+        role=role,
+        name=name,
+        labels=labels,
+        backend=config.harness.backend or backend,
+        max_utterances=2 * config.dialogue.max_turns_per_agent,
+    )
+
+
+async def resolve_policy(
+    profile: Profile, persona: dict[str, Any], config: RunConfig, session: DialogueSession
+) -> tuple[CharacterPolicy, int]:
+    """The agent's policy and how many fallbacks resolving it cost this dialogue (0 or 1).
+
+    The Client's is stored with the persona; otherwise (and always for the Responder) it is
+    extracted once per run (role ``policy``) unless ``extract_policy`` is off, which uses the
+    baseline derived in code. Only the dialogue that made the extraction counts its fallback.
+    """
+    hc = config.harness
+    if profile.speaker == "client":
+        stored = parse_stored_policy(persona)
+        if stored is not None:
+            return stored, 0
+        key = ("client", str(persona.get("persona_id")))
+        baseline = baseline_client_policy(persona, profile.role)
+        description = str(persona["card"])
+    else:
+        instructions = config.dialogue.responder_instructions
+        key = ("responder", profile.role)
+        baseline = baseline_responder_policy(profile.role, instructions)
+        description = responder_system_prompt(profile.role, instructions)
+    if not hc.extract_policy:
+        return baseline, 0
+    try:
+        # The seed depends on what is compiled, not on the dialogue that happens to ask
+        # first: concurrent runs must extract the same policy.
+        policy, fell_back, extracted_now = await PolicyBook.get(
+            session.caller, profile.backend, key, baseline, description, session.scope,
+            temperature=hc.temperature, seed=derive_seed("policy", *key),
+        )
+    except BackendError:
+        return baseline, 1
+    return policy, int(fell_back and extracted_now)

@@ -1,0 +1,139 @@
+"""Layer 6 at run time: check a candidate reply, rewrite it once on failure (SPEC §4.6).
+
+:func:`check_candidate` is shared by the verify layer (role ``checker``, inside the agent) and
+the audit (role ``audit``, a measurement outside it: :mod:`spasm.harness.measure`).
+:func:`verify` is the loop: check the draft; on failure rewrite once with the advice and check
+again; a second failure is accepted and flagged; a checker that never answers leaves the reply
+accepted unchecked and flagged ``checker_unavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from spasm.agents import Draft
+from spasm.errors import BackendError
+from spasm.harness.checker import (
+    Verdict,
+    check_reply,
+    checker_messages,
+    rewrite_note,
+    rule_violations,
+    screened_verdict,
+)
+from spasm.harness.profile import Profile
+from spasm.harness.state import AgentState, salient_items
+from spasm.history import History
+
+if TYPE_CHECKING:
+    from spasm.config import HarnessConfig
+    from spasm.harness.policy import CharacterPolicy
+    from spasm.session import DialogueSession, TurnMeter
+
+__all__ = ["Verified", "check_candidate", "verify", "with_verdict"]
+
+
+async def check_candidate(
+    profile: Profile,
+    policy: CharacterPolicy,
+    state: AgentState | None,
+    history: History,
+    text: str,
+    session: DialogueSession,
+    hc: HarnessConfig,
+    *,
+    seed: int,
+    role: str,
+    meter: TurnMeter | None,
+) -> Verdict | None:
+    """Check a candidate; ``None`` when the checker never gives a usable answer.
+
+    ``meter=None`` (audits) keeps the call out of the cache estimate: an audit is a
+    measurement, not part of the design being measured.
+    """
+    items = salient_items(state, hc.state_items) if state else []
+    msgs = checker_messages(policy, profile.checker_who, items, profile.last_partner(history), text)
+    rules = rule_violations(text, profile.speaker, profile.role)
+    if rules:
+        # A certain breach: fail it without paying for a model's opinion.
+        return screened_verdict(rules)
+
+    async def call() -> Verdict | None:
+        try:
+            return await check_reply(
+                session.caller, profile.backend, msgs, rules, session.scope, role=role,
+                temperature=hc.temperature, max_tokens=hc.checker_max_tokens, seed=seed,
+                pass_threshold=hc.pass_threshold, boundary_floor=hc.boundary_floor,
+            )
+        except BackendError:  # a harness call must not end the dialogue (budget stops still do)
+            return None
+
+    if meter is None:
+        return await call()
+    return await meter.track(msgs, call())
+
+
+def with_verdict(state: AgentState, verdict: dict[str, Any]) -> AgentState:
+    """The state with a verdict's violations and advice in its control fields."""
+    return state.model_copy(update={"control": state.control.model_copy(
+        update={"violations": verdict.get("violations") or [],
+                "correction": verdict.get("correction_advice") or ""}
+    )})
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The accepted draft of a verified turn and what the checks said."""
+
+    draft: Draft
+    #: Generation calls behind the accepted text: 1, or 2 after a rewrite.
+    attempts: int
+    verdict: dict[str, Any]
+    flagged: bool = False
+    flag_reason: str | None = None
+    fallbacks: int = 0
+    #: The advice of a failed first check, shown at the agent's next turn.
+    correction: str | None = None
+
+
+#: ``check(text, n)`` runs the ``n``-th check of a turn; ``redraft(note)`` writes the rewrite.
+Check = Callable[[str, int], Awaitable[Verdict | None]]
+Redraft = Callable[[str], Awaitable[Draft]]
+
+
+async def verify(draft: Draft, check: Check, redraft: Redraft) -> Verified:
+    """Check ``draft``; on failure rewrite it once with the advice and check the rewrite."""
+    first = await check(draft.text, 1)
+    if first is None:
+        return Verified(
+            draft, 1, {"mode": "verify", "pass": None, "fallback": True, "checks": [],
+                       "rewritten": False},
+            flagged=True, flag_reason="checker_unavailable", fallbacks=1,
+        )
+    checks = [first.as_dict()]
+    final, attempts, fallbacks = first, 1, 0
+    flag_reason: str | None = None
+    correction: str | None = None
+    if not first.passed:
+        correction = first.correction_advice or None
+        draft = await redraft(rewrite_note(draft.text, first))
+        attempts = 2
+        second = await check(draft.text, 2)
+        if second is None:
+            fallbacks, flag_reason = 1, "checker_unavailable"
+        else:
+            checks.append(second.as_dict())
+            final = second
+            if not second.passed:
+                flag_reason = "failed_twice"
+    verdict = {
+        "mode": "verify",
+        **final.as_dict(),
+        "pass": final.passed if len(checks) == attempts else None,
+        "checks": checks,
+        "rewritten": attempts == 2,
+    }
+    return Verified(draft, attempts, verdict, flag_reason is not None, flag_reason, fallbacks,
+                    correction)

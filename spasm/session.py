@@ -1,0 +1,142 @@
+"""One dialogue's binding: its caller, call scope, condition and seeds, set once.
+
+A :class:`DialogueSession` is what every agent, harness layer and measurement of a dialogue
+receives instead of ``(caller, scope, condition, seed)`` threaded through each signature. It
+also holds the dialogue's :class:`PrefixTracker`, the estimate of what a provider's prompt cache
+would serve, which every agent of the dialogue feeds (one tracker per dialogue: providers cache
+on recent requests whoever sent them).
+
+Seeds are derived here exactly as before the session existed: a turn's seed is
+``derive_seed(spec.seed, index, speaker)``, and every harness call of the turn derives its own
+from that (``derive_seed(turn_seed, "reducer")`` …), so caches and old runs stay valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from spasm.agents import derive_seed
+from spasm.backends.base import ChatRequest, Completion
+from spasm.calls import Caller, CallScope
+from spasm.projection import Message
+from spasm.tokens import count_tokens
+
+if TYPE_CHECKING:
+    from spasm.config import RunConfig
+    from spasm.simulation import DialogueSpec
+
+__all__ = ["MIN_CACHED_TOKENS", "DialogueSession", "PrefixTracker", "TurnMeter"]
+
+T = TypeVar("T")
+
+#: The smallest shared prefix the cache estimate counts (providers cache in token blocks).
+MIN_CACHED_TOKENS = 32
+
+
+class PrefixTracker:
+    """Estimates what a provider's prompt cache would serve, per dialogue.
+
+    Providers cache on exact prefixes of recent requests. For each request we find the longest
+    prefix (of the serialised messages) it shares with one of the last ``memory`` requests of
+    the dialogue and return the share of its tokens in that prefix. It ignores provider
+    minimums (OpenAI caches from 1,024 tokens up, in 128-token steps) and sharing across
+    dialogues (the Responder's frame is the same in all of them), so it is an estimate of
+    what *this design* makes cacheable, not a bill.
+    """
+
+    def __init__(self, memory: int = 8) -> None:
+        self.memory = memory
+        self._seen: list[str] = []
+
+    @staticmethod
+    def _serialise(messages: Sequence[Message]) -> str:
+        return "".join(f"\x1e{m['role']}\x1f{m['content']}" for m in messages)
+
+    def observe(self, messages: Sequence[Message]) -> float:
+        """Record a request; return the share (0–1) of its prompt a prefix cache could serve."""
+        if self.memory <= 0:
+            return 0.0
+        text = self._serialise(messages)
+        best = ""
+        for old in self._seen:
+            # Binary search on slice equality: C-speed comparisons, O(log n) of them.
+            lo, hi = 0, min(len(old), len(text))
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if old[:mid] == text[:mid]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            n = lo
+            if n > len(best):
+                best = text[:n]
+        self._seen = [*self._seen[-(self.memory - 1) :], text] if self.memory > 1 else [text]
+        total = count_tokens(text)
+        shared = count_tokens(best) if best else 0
+        # A few shared characters (the role marker) are not a cache hit: providers cache in
+        # blocks of tokens, so count prefixes of MIN_CACHED_TOKENS and more only.
+        return min(1.0, shared / total) if total and shared >= MIN_CACHED_TOKENS else 0.0
+
+
+@dataclass
+class DialogueSession:
+    """The caller, scope, condition and seed of one dialogue, bound once."""
+
+    caller: Caller
+    scope: CallScope
+    #: The projection (``ecp``, ``concat`` …) that frames every agent's history.
+    condition: str
+    #: The dialogue's seed (``DialogueSpec.seed``); turns and probes derive theirs from it.
+    seed: int
+    prefix: PrefixTracker = field(default_factory=lambda: PrefixTracker(0))
+
+    @classmethod
+    def open(cls, spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueSession:
+        """The session of one planned dialogue; its calls are logged under its id."""
+        scope = CallScope(dialogue_id=spec.dialogue_id, persona_id=spec.persona["persona_id"])
+        # The cache estimate costs a token count per call: only harness runs report it.
+        prefix = PrefixTracker(16) if config.harness.active else PrefixTracker(0)
+        return cls(caller, scope, spec.condition, spec.seed, prefix)
+
+    def turn_seed(self, index: int, speaker: str) -> int:
+        """The seed of utterance ``index``, spoken by ``speaker``."""
+        return derive_seed(self.seed, index, speaker)
+
+    async def complete(self, role: str, backend: str, request: ChatRequest) -> Completion:
+        """One logged call of this dialogue (cached, limited and retried by the caller)."""
+        return await self.caller.complete(role, backend, request, self.scope)
+
+
+class TurnMeter:
+    """The prompt tokens a prefix cache could serve, summed over one turn's calls."""
+
+    def __init__(self, session: DialogueSession) -> None:
+        self._session = session
+        self._cached = 0.0
+
+    def add(self, tokens: float) -> None:
+        """Count a call whose cacheable tokens are known (a :class:`~spasm.agents.Draft`)."""
+        self._cached += tokens
+
+    async def track(self, messages: Sequence[Message], call: Awaitable[T]) -> T:
+        """Run a harness call and count the share of its prompt tokens a cache could serve.
+
+        ``Caller.structured`` returns the parsed reply, not its usage, so the prompt tokens of
+        a structured call (its re-asks included) are summed from the rows it added to this
+        dialogue's scope. This is the one place that reads them there; the turn returns the
+        result.
+        """
+        share = self._session.prefix.observe(messages)
+        records = self._session.scope.records
+        n0 = len(records)
+        try:
+            return await call
+        finally:
+            self._cached += share * sum(r.prompt_tokens for r in records[n0:])
+
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """The turn's estimate, rounded once at the end."""
+        return round(self._cached)
