@@ -319,15 +319,36 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
         raise ConfigError(format_validation_error(exc, source)) from None
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Read and validate a YAML or JSON run config."""
+#: No config or persona schema is anywhere near this size; a bigger file is a wrong path.
+MAX_FILE_BYTES = 8 * 1024 * 1024
+
+
+def read_yaml(path: str | Path, what: str) -> Any:
+    """Read a user's YAML (or JSON) file: every way it can be unreadable is a ConfigError
+    naming the file, never a traceback."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.is_dir():
+            raise ConfigError(f"{what} {p} is a directory; name a YAML file.")
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"Cannot read config {p}: {exc.strerror}") from None
+        raise ConfigError(f"Cannot read {what} {p}: {exc.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{what} {p} is over {MAX_FILE_BYTES // (1024 * 1024)} MiB; is this the "
+                          "right file?")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {exc.start}); save the {what} as UTF-8.") from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-    return parse_config(data, str(p))
+    except (ValueError, TypeError, RecursionError) as exc:  # e.g. a date like 0000-00-00
+        raise ConfigError(f"{p}: a value cannot be read ({type(exc).__name__}: {exc})") from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a YAML or JSON run config."""
+    return parse_config(read_yaml(path, "config"), str(path))

@@ -9,11 +9,15 @@ limits live in :mod:`spasm.calls`. Completed dialogues are flushed in batches of
 from __future__ import annotations
 
 import json
+import logging
+import os
 import platform
 import shutil
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -28,14 +32,17 @@ from spasm.agents import derive_seed
 from spasm.backends import Backend, make_backend
 from spasm.calls import Cache, Caller
 from spasm.config import RunConfig
+from spasm.dataset.files import atomic_write_json as write_json
+from spasm.dataset.lock import LOCK_FILE, RunLock
+from spasm.dataset.rows import SCHEMA_VERSION
+from spasm.dataset.store import RunStore
 from spasm.errors import BudgetExceededError, StructuredOutputRejectedError, UserError
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
 from spasm.personas import PersonaSet, build_personas, load_schema
 from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
-from spasm.dataset.files import atomic_write_json as write_json
-from spasm.dataset.rows import SCHEMA_VERSION
-from spasm.dataset.store import RunStore
 from spasm.tokens import counter_source
+
+log = logging.getLogger("spasm")
 
 #: The tables every finished run has (possibly empty).
 TABLES = ("personas", "persona_rejections", "dialogues", "turns", "calls", "errors")
@@ -127,6 +134,25 @@ def _version(pkg: str) -> str:
         return "not installed"
 
 
+def config_differences(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str:
+    """The dotted config fields that differ between two resolved configs, for messages."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        elif a != b:
+            out.append(f"{path or 'config'}: {json.dumps(a, default=str)[:40]} → "
+                       f"{json.dumps(b, default=str)[:40]}")
+
+    walk(old, new, prefix)
+    if not out:
+        return "the config format changed"
+    more = f" and {len(out) - limit} more" if len(out) > limit else ""
+    return "; ".join(out[:limit]) + more
+
+
 def plan(config: RunConfig, personas: list[dict[str, Any]]) -> Iterator[DialogueSpec]:
     """Every dialogue of the run, in a stable order. The seed depends on the persona and the
     conversation index only, so every pairing, condition and harness level of a conversation
@@ -185,26 +211,39 @@ class Engine:
         self._started = ""
 
     # -- set-up ----------------------------------------------------------------------------
-    def _check_run_dir(self) -> None:
+    def _check_run_dir(self) -> bool:
+        """Decide what to do with an existing ``--out``: ``True`` when it must be replaced."""
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise UserError(f"--out {self.run_dir} is a file; name a directory for the run.")
         cfg_file = self.run_dir / "config.json"
         if not cfg_file.exists():
-            if self.run_dir.exists() and any(self.run_dir.iterdir()) and not self.overwrite:
+            if self.run_dir.exists() and any(
+                p.name != LOCK_FILE for p in self.run_dir.iterdir()
+            ) and not self.overwrite:
                 raise UserError(
                     f"{self.run_dir} exists and is not a spasm run directory; choose another "
                     "--out or pass --overwrite."
                 )
-            return
-        old = json.loads(cfg_file.read_text())
+            return self.overwrite and self.run_dir.exists()
+        try:
+            old = json.loads(cfg_file.read_text(encoding="utf-8"))
+            assert isinstance(old, dict)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AssertionError):
+            if self.overwrite:
+                return True
+            raise UserError(
+                f"{cfg_file} is damaged, so the run cannot be resumed safely. Pass --overwrite to "
+                "replace the run, or use another --out."
+            ) from None
         if old.get("fingerprint") != self.config.fingerprint():
             if not self.overwrite:
+                changed = config_differences(old.get("config"), self.config.redacted())
                 raise UserError(
-                    f"{self.run_dir} holds a run with a different config (personas, pairings, "
-                    "conditions or prompts differ), so it cannot be resumed. Use another --out, "
-                    "or --overwrite to replace it."
+                    f"{self.run_dir} holds a run with a different config ({changed}), so it "
+                    "cannot be resumed. Use another --out, or --overwrite to replace it."
                 )
-            shutil.rmtree(self.run_dir)
-        elif self.overwrite:
-            shutil.rmtree(self.run_dir)
+            return True
+        return self.overwrite
 
     def _manifest(self, summary: RunSummary, caller: Caller, status: str, started: str) -> None:
         write_json(
@@ -307,12 +346,39 @@ class Engine:
                 await b.preflight()
             if not (self.store.dir / "personas.parquet").exists():
                 await self._dry_personas()  # rules that reject everything fail here, not later
-            # Only now, with every input checked, touch the disk.
-            self._check_run_dir()
-            return await self._run(backends, t0, only)
+            # Only now, with every input checked, touch the disk: one writer per run directory.
+            with RunLock(self.run_dir) if self.run_dir.is_dir() else nullcontext():
+                replace = self._check_run_dir()
+                aside = self._move_aside() if replace else None
+            with RunLock(self.run_dir):
+                summary: RunSummary | None = None
+                try:
+                    summary = await self._run(backends, t0, only)
+                    return summary
+                finally:
+                    self._settle_replaced(aside, summary)
         finally:
             for b in backends.values():
                 await b.aclose()
+
+    def _move_aside(self) -> Path:
+        """Move the run being replaced out of the way; it is deleted only once the new run has
+        completed at least one dialogue (:meth:`_settle_replaced`)."""
+        aside = self.run_dir.parent / f".{self.run_dir.name}.replaced-{uuid.uuid4().hex[:8]}"
+        os.replace(self.run_dir, aside)
+        return aside
+
+    def _settle_replaced(self, aside: Path | None, summary: RunSummary | None) -> None:
+        if aside is None:
+            return
+        if summary is not None and summary.completed > 0:
+            shutil.rmtree(aside, ignore_errors=True)
+            return
+        # The new run produced nothing: put the old one back rather than lose it.
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        os.replace(aside, self.run_dir)
+        log.warning("the new run completed no dialogue; the previous run in %s was kept",
+                    self.run_dir)
 
     async def _run(
         self, backends: dict[str, Backend], t0: float, only: set[str] | None = None
@@ -320,6 +386,10 @@ class Engine:
         store = self.store
         store.create()
         store.recover()
+        damaged = store.repair()
+        if damaged:
+            log.warning("%d damaged part(s) in %s were removed and their dialogues are redone: %s",
+                        len(damaged), self.run_dir, "; ".join(str(d) for d in damaged[:3]))
         started = datetime.now(UTC).isoformat()
         write_json(
             self.run_dir / "config.json",

@@ -217,4 +217,4 @@ def test_human_annotations_give_kappa(tmp_path: Path) -> None:
     ).to_parquet(run / "annotations.parquet")
     m = evaluate(run, write=False, progress=False)
     assert m.echoing.kappa_human == pytest.approx(0.5)
-    assert m.echoing.human_note and "4 annotated" in m.echoing.human_note
+    assert m.echoing.human_note and "labelled 4 dialogue(s)" in m.echoing.human_note

@@ -6,10 +6,9 @@ import functools
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from spasm.config import data_path, format_validation_error
+from spasm.config import data_path, format_validation_error, read_yaml
 from spasm.errors import ConfigError
 
 
@@ -177,12 +176,9 @@ def load_schema(path: str | Path | None = None) -> PersonaSchema:
 @functools.lru_cache(maxsize=8)
 def _load_schema(p: Path, stamp: int) -> PersonaSchema:
     """Parse once per file version (schemas are immutable models, so sharing is safe)."""
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"Cannot read persona schema {p}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    data = read_yaml(p, "persona schema")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a persona schema must be a mapping (name, fields, rules, ...)")
     try:
         return PersonaSchema.model_validate(data)
     except ValidationError as exc:

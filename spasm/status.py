@@ -1,0 +1,99 @@
+"""``spasm status RUN_DIR``: where a run stands, read through the dataset package.
+
+Planned, done, quarantined and still to do (from the manifest and the tables), tokens and cost
+(from the call log), the schema version, damaged parts, and whether a process holds the run's
+write lock right now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+
+from spasm.dataset.integrity import find_damage
+from spasm.dataset.lock import lock_holder
+from spasm.dataset.reader import open_run
+
+__all__ = ["RunStatus", "run_status"]
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's state, as ``spasm status`` prints it."""
+
+    run_dir: Path
+    status: str
+    planned: int | None
+    done: int
+    quarantined: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None
+    writer_pid: int | None
+    damaged: list[str]
+    schema_version: str
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.planned is None else max(0, self.planned - self.done)
+
+    def lines(self) -> list[str]:
+        """Human-readable lines."""
+        planned = "?" if self.planned is None else f"{self.planned:,}"
+        out = [
+            f"run:          {self.run_dir}  (format {self.schema_version})",
+            f"status:       {self.status}",
+            f"dialogues:    {self.done:,} done of {planned} planned; {self.quarantined:,} "
+            f"quarantined; {self.remaining if self.remaining is not None else '?'} to do",
+            f"tokens:       {self.prompt_tokens:,} prompt + {self.completion_tokens:,} completion",
+        ]
+        if self.cost is not None:
+            out.append(f"cost:         {self.cost:.4f}")
+        if self.writer_pid is not None:
+            who = f"process {self.writer_pid}" if self.writer_pid > 0 else "another process"
+            out.append(f"writer:       {who} is writing this run now")
+        else:
+            out.append("writer:       none (safe to resume, evaluate or export)")
+        if self.damaged:
+            out.append(f"DAMAGED:      {'; '.join(self.damaged)} (rerun generate to redo them)")
+        return out
+
+
+def _count(run_dir: Path, table: str) -> set[str]:
+    run = open_run(run_dir, verify=False)
+    if not run.has(table):
+        return set()
+    ids = run.table(table, ["dialogue_id"]).column("dialogue_id")
+    return {str(v) for v in pc.unique(ids).to_pylist()}
+
+
+def run_status(run_dir: str | Path) -> RunStatus:
+    """Read the state of a run directory (never writes to it)."""
+    path = Path(run_dir)
+    run = open_run(path, verify=False)
+    manifest = run.manifest
+    done = _count(path, "dialogues")
+    failed = _count(path, "errors") - done
+    prompt = completion = 0
+    if run.has("calls"):
+        calls = run.table("calls", ["prompt_tokens", "completion_tokens"])
+        prompt = int(pc.sum(calls.column("prompt_tokens")).as_py() or 0)
+        completion = int(pc.sum(calls.column("completion_tokens")).as_py() or 0)
+    counts = manifest.get("counts") or {}
+    usage = manifest.get("usage") or {}
+    planned = counts.get("planned")
+    return RunStatus(
+        run_dir=path,
+        status=str(manifest.get("status") or manifest.get("kind") or "unknown"),
+        planned=int(planned) if isinstance(planned, int) else None,
+        done=len(done),
+        quarantined=len(failed),
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cost=float(usage["cost"]) if isinstance(usage.get("cost"), int | float) else None,
+        writer_pid=lock_holder(path),
+        damaged=[str(d) for d in find_damage(path)],
+        schema_version=run.schema_version,
+    )
