@@ -18,8 +18,10 @@ from spasm.dataset.synthetic import write_run
 from spasm.engine import Engine
 from spasm.errors import UserError
 from spasm.export.dedup import minhash_available
+from spasm.export.pipeline import ExportOptions, export_run
 from spasm.export.qa import prompt_grams, scan_run, structure_findings
 from spasm.export.scans import ScanContext, prompt_ref, redact, scan_text
+from spasm.export.select import Selection
 from spasm.export.stream import Turn, is_grouped, iter_dialogues, turn_index
 from spasm.personas.schema import load_schema
 from spasm.testing import TestServer
@@ -291,16 +293,25 @@ def test_role_flips_come_from_eval_signals_and_annotations(tmp_path: Path) -> No
                             "echo_who": ["client", "none"], "echo_evidence": ["cue: you should", ""]})
     signals.to_parquet(run_dir / "eval" / "per_dialogue.parquet")
     when = pd.Timestamp("2026-01-01", tz="UTC").to_pydatetime()
-    def label(i: int, dialogue: str, echoing: str, year: int = 2026) -> AnnotationRow:
+    def label(i: int, dialogue: str, echoing: str | None, year: int = 2026, flip: bool | None = None
+              ) -> AnnotationRow:
         return AnnotationRow(annotation_id=f"a{i}", dialogue_id=dialogue, annotator="ana", echoing=echoing,
-                             labelled_at=when.replace(year=year))
+                             role_flip=flip, labelled_at=when.replace(year=year))
 
     RunStore(run_dir).write_batch("ann", {"annotations": [
         label(1, "d06", "client"), label(2, "d07", "both"),
         label(3, "d07", "none", year=2027),  # a later label by the same annotator supersedes
+        label(4, "d08", None, flip=True), label(5, "d09", "none", flip=False),
     ]})
     result = scan_run(open_run(run_dir))
     flips = [(r.dialogue_id, r.evidence) for r in result.rows if r.kind == "role_flip"]
-    assert [d for d, _ in flips] == ["d02", "d06"]
+    assert [d for d, _ in flips] == ["d02", "d06", "d08"]
     assert flips[0][1].startswith("eval: client echoes")
     assert result.summary.role_flips == "spasm eval + annotations"
+    # An export drops them by default; --echoing keep keeps them, --echoing only keeps only them.
+    unflagged = 7 if minhash_available() else 8  # d90 (exact) and d91 (near) are duplicates
+    for echoing, kept in (("drop", unflagged), ("keep", unflagged + 3), ("only", 3)):
+        options = ExportOptions(formats=["openai"], split=(1.0,), selection=Selection(echoing=echoing))
+        stats = export_run(run_dir, tmp_path / echoing, options).stats
+        assert stats.conversations == kept, echoing
+    assert stats.dropped == {"echoing": 9}  # with "only", every unmarked dialogue

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -175,11 +176,13 @@ def role_flip_signals(run: Run) -> tuple[dict[str, str], str]:
                 flips[d] = f"eval: {who} echoes its partner" + (f" ({evidence[:200]})" if evidence else "")
     if run.has("annotations"):
         sources.append("annotations")
-        ann = run.df("annotations").sort_values("labelled_at")
-        latest = ann.groupby(["dialogue_id", "annotator"]).tail(1)
-        for row in latest.itertuples():
-            if row.role_flip is True or row.echoing in ("client", "responder", "both"):
-                flips.setdefault(str(row.dialogue_id), f"annotator {row.annotator}: echoing {row.echoing}")
+        rows = run.table("annotations", ["dialogue_id", "annotator", "echoing", "role_flip", "labelled_at"])
+        latest: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in sorted(rows.to_pylist(), key=lambda r: r["labelled_at"]):  # the latest label wins
+            latest[(r["dialogue_id"], r["annotator"])] = r
+        for (did, who), r in sorted(latest.items()):
+            if r["role_flip"] is True or r["echoing"] in ("client", "responder", "both"):
+                flips.setdefault(did, f"annotator {who}: echoing {r['echoing']}, role flip {r['role_flip']}")
     return flips, " + ".join(sources) if sources else "no signals (run `spasm eval` or annotate)"
 
 
@@ -192,7 +195,7 @@ def _row(did: str, kind: str, evidence: str, when: datetime, *, turn: int | None
 
 
 def scan_run(
-    run: Run, *, near_threshold: float = 0.8, near: bool | None = None, batch_size: int = 16_384
+    run: Run, *, near_threshold: float = 0.8, near: bool | None = None, batch_size: int = 4096
 ) -> QAResult:
     """Run every scan over ``run``. ``near``: look for near duplicates (default: when
     datasketch is installed; ``True`` without it is an error)."""

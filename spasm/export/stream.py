@@ -59,11 +59,13 @@ def iter_dialogues(
     index: pa.Table,
     *,
     only: Collection[str] | None = None,
-    batch_size: int = 16_384,
+    batch_size: int = 4096,
     bucket_rows: int = 200_000,
 ) -> Iterator[tuple[str, list[Turn]]]:
     """Yield ``(dialogue_id, turns in order)`` for every dialogue with turns (or those in
-    ``only``). ``index`` is :func:`turn_index` of the run."""
+    ``only``). ``index`` is :func:`turn_index` of the run. Small batches: the scanner reads
+    ahead a number of batches, so their size sets much of the memory (4,096 rows: 190 MiB over
+    the baseline on 900,000 turns, against 230 at 16,384 and 390 at 65,536)."""
     wanted = None if only is None else pa.array(sorted(only), pa.string())
     if is_grouped(index):
         yield from _grouped(run, wanted, batch_size)
