@@ -15,6 +15,7 @@ from spasm.cli import main
 from spasm.dataset import open_run
 from spasm.dataset.synthetic import synthesize_run, write_run
 from spasm.errors import UserError
+from spasm.export.pipeline import ExportOptions, export_run
 from spasm.export.scans import ScanContext, redact, scan_text
 from spasm.export.split import assign_splits, parse_split, split_counts
 from tests.test_qa import PLANTS, generate_run
@@ -360,6 +361,6 @@ def test_a_failure_midway_leaves_no_half_written_output(clean: Path, tmp_path: P
 
     monkeypatch.setitem(formats._REGISTRY, "hf", formats.ExportFormat("hf", "parquet", broken, "broken"))
     with pytest.raises(OSError, match="disk full"):
-        main(["export", str(clean), "--out", str(out), "--overwrite"])
+        export_run(clean, out, ExportOptions(overwrite=True))
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
