@@ -137,7 +137,8 @@ def test_the_release_layout_imports_with_conversation_ids_per_persona_and_evalua
 
 def test_a_real_duplicate_persona_and_conversation_pair_is_refused_with_its_line(tmp_path: Path) -> None:
     src = _release(tmp_path, n_personas=2, k=3, repeat=True)
-    with pytest.raises(UserError, match=r"release.jsonl:7 repeats persona_id 'P0' with conversation_id 1 \(first on line 2\)"):
+    message = r"release.jsonl:7 repeats persona_id 'P0' with conversation_id 1 \(first on line 2\)"
+    with pytest.raises(UserError, match=message):
         import_spasm_jsonl(src, tmp_path / "run")
     assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run*"))
 

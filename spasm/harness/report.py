@@ -30,9 +30,9 @@ from typing import Any
 
 import pandas as pd
 
-from spasm.errors import UserError
 from spasm.dataset import open_run
 from spasm.dataset.files import atomic_write_text
+from spasm.errors import UserError
 
 __all__ = ["MEASUREMENT_ROLES", "ONE_OFF_ROLES", "level_report", "style_consistency"]
 
