@@ -30,8 +30,8 @@ def main() -> None:
     parser.add_argument("--no-second-pass", action="store_true")
     args = parser.parse_args()
 
+    from spasm.dataset.synthetic import synthesize_run
     from spasm.evaluation import evaluate
-    from spasm.evaluation.synthetic import synthesize_run
 
     tmp = Path(tempfile.mkdtemp(prefix="spasm-eval-bench-"))
     run_dir = args.keep or tmp / "run"

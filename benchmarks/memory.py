@@ -94,8 +94,8 @@ def child(args: argparse.Namespace) -> int:
     import anyio
 
     from spasm.config import parse_config
+    from spasm.dataset.store import RunStore
     from spasm.engine import Engine
-    from spasm.store import RunStore
 
     data = engine_config(args.base_url, args.child, args.concurrency, args.turns, args.flush_every)
     config = parse_config(data, "<benchmark>")

@@ -15,9 +15,9 @@ import pytest
 
 import spasm.dataset.synthetic
 import spasm.evaluation
+from spasm.dataset.synthetic import synthesize_run
 from spasm.errors import UserError
 from spasm.evaluation.cli import register
-from spasm.evaluation.synthetic import synthesize_run
 
 SAMPLE = Path(__file__).parent / "data" / "spasm_release_sample.jsonl"
 

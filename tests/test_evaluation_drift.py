@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from spasm.config import BackendConfig
+from spasm.dataset.synthetic import write_run
 from spasm.evaluation import Metrics, evaluate, register_embedder
 from spasm.evaluation.drift import (
     dialogue_means,
@@ -20,7 +21,6 @@ from spasm.evaluation.drift import (
     persona_anchor_texts,
 )
 from spasm.evaluation.loader import Conversation
-from spasm.evaluation.synthetic import write_run
 from spasm.evaluation.testing import LookupEmbedder
 from spasm.testing import FaultPlan, TestServer
 

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 from spasm.config import BackendConfig
+from spasm.dataset.synthetic import write_run
 from spasm.evaluation import evaluate
 from spasm.evaluation.echoing import role_cues, rule_echoing
 from spasm.evaluation.embeddings import LocalOnnxEmbedder
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.stats import wilson_interval
-from spasm.evaluation.synthetic import write_run
 from spasm.testing import FaultPlan, TestServer
 
 NORMAL = [

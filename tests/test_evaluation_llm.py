@@ -13,10 +13,12 @@ import pytest
 import yaml
 
 from spasm.cli import main
+from spasm.config import BackendConfig
 from spasm.dataset.lock import RunLock
-from spasm.errors import UserError
+from spasm.dataset.synthetic import write_run
+from spasm.errors import StructuredOutputRejectedError, UserError
+from spasm.evaluation import evaluate
 from spasm.evaluation.cli import register
-from spasm.evaluation.synthetic import write_run
 from spasm.testing import TestServer
 from spasm.testing.server import default_reply
 from tests.conftest import endpoint_config
@@ -198,3 +200,22 @@ def test_probe_and_judge_on_the_embedded_model(tmp_path: Path) -> None:
     assert second["drift"]["probe_fallbacks"] == first["drift"]["probe_fallbacks"]
     assert second["echoing"]["judge_fallbacks"] == first["echoing"]["judge_fallbacks"]
 
+
+def test_a_server_refusing_json_schema_is_adapted_to_or_stops_the_evaluation(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [{"persona_id": "p1"}],
+                    [{"dialogue_id": "d1", "persona_id": "p1", "texts": ["hi", "hello", "bye"]}])
+    with TestServer(reply=structured_reply, reject_formats={"json_schema"}) as srv:
+        auto = BackendConfig(kind="openai", base_url=srv.base_url, model="m")
+        m = evaluate(run, mode="probe", judge=True, llm_config=auto, write=False, progress=False)
+        assert m.drift.probe_fallbacks == 0 and m.echoing.judge_fallbacks == 0
+        # The probe found the mode the server takes; the judge, on the same backend, keeps it.
+        formats = [b["response_format"]["type"] for b in srv.requests if "response_format" in b]
+        assert formats == ["json_schema"] + ["json_object"] * 3  # 2 probes and the judge
+
+        pinned = BackendConfig(
+            kind="openai", base_url=srv.base_url, model="m2", structured_output="json_schema"
+        )
+        with pytest.raises(StructuredOutputRejectedError, match="in mode 'json_schema'"):
+            evaluate(run, judge=True, llm_config=pinned, write=False, progress=False)
+    outcomes = _calls(run).query("model == 'm2'").outcome
+    assert list(outcomes) == ["format_rejected"]  # logged, and nothing fell back silently

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spasm.dataset.synthetic import write_run
 from spasm.evaluation import evaluate, register_embedder
 from spasm.evaluation.separability import separability_scores
-from spasm.evaluation.synthetic import write_run
 from spasm.evaluation.testing import LookupEmbedder
 
 register_embedder("lookup", LookupEmbedder)

@@ -11,7 +11,7 @@ Modules, one per concern: :mod:`~spasm.evaluation.embeddings` (models and cache)
 :mod:`~spasm.evaluation.echoing` (the rule), :mod:`~spasm.evaluation.judge` (the LLM judge),
 :mod:`~spasm.evaluation.llm` (how the probe and the judge reach a model: the engine's caller),
 :mod:`~spasm.evaluation.summary` (rates and agreement), :mod:`~spasm.evaluation.separability`,
-:mod:`~spasm.evaluation.report`, :mod:`~spasm.evaluation.importer`,
+:mod:`~spasm.evaluation.report`, :mod:`~spasm.dataset.importer`,
 :mod:`~spasm.evaluation.compare` and :mod:`~spasm.evaluation.cli`.
 
 Public names are imported lazily (PEP 562): ``import spasm.evaluation.cli`` — which the
@@ -24,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from spasm.dataset.importer import export_spasm_jsonl, import_spasm_jsonl
     from spasm.evaluation.compare import comparison_text
     from spasm.evaluation.embeddings import (
         CachedEmbedder,
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
         create_embedder,
         register_embedder,
     )
-    from spasm.evaluation.importer import export_spasm_jsonl, import_spasm_jsonl
     from spasm.evaluation.loader import Conversation, RunData, load_run
     from spasm.evaluation.metrics import Metrics
     from spasm.evaluation.pipeline import evaluate, load_metrics
@@ -53,8 +53,8 @@ _WHERE = {
     "available_embedders": "embeddings",
     "create_embedder": "embeddings",
     "register_embedder": "embeddings",
-    "export_spasm_jsonl": "importer",
-    "import_spasm_jsonl": "importer",
+    "export_spasm_jsonl": "spasm.dataset.importer",
+    "import_spasm_jsonl": "spasm.dataset.importer",
     "Conversation": "loader",
     "RunData": "loader",
     "load_run": "loader",
@@ -93,7 +93,8 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'spasm.evaluation' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"spasm.evaluation.{module}"), name)
+    path = module if "." in module else f"spasm.evaluation.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

@@ -289,7 +289,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``spasm import``: convert a SPASM release JSONL into run tables."""
-    from spasm.evaluation.importer import import_spasm_jsonl
+    from spasm.dataset.importer import import_spasm_jsonl
 
     summary = import_spasm_jsonl(
         args.file, args.out, condition=args.condition, pairing=args.pairing, overwrite=args.force

@@ -33,10 +33,10 @@ from spasm.calls import Cache, Caller, CallScope
 from spasm.config import BackendConfig, RunConfig, parse_config
 from spasm.dataset.lock import RunLock
 from spasm.dataset.rows import CallRow
+from spasm.dataset.store import RunStore
 from spasm.errors import BackendError, ConfigError, SpasmError, UserError
 from spasm.evaluation.metrics import LLMUsage
 from spasm.projection import Message
-from spasm.store import RunStore
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

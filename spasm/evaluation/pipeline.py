@@ -21,9 +21,11 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from tqdm import tqdm
 
 from spasm.config import BackendConfig
+from spasm.dataset.files import atomic_write_table, atomic_write_text
 from spasm.errors import UserError
 from spasm.evaluation.agreement import human_agreement
 from spasm.evaluation.drift import (
@@ -44,7 +46,6 @@ from spasm.evaluation.embeddings import (
     create_embedder,
     l2_normalise,
 )
-from spasm.evaluation.files import atomic_write_parquet, atomic_write_text
 from spasm.evaluation.judge import judge_echoing
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalLLM, resolve_backend
 from spasm.evaluation.loader import Conversation, RunData, load_run
@@ -168,7 +169,7 @@ def evaluate(
         t0 = time.perf_counter()
         out = Path(out_dir) if out_dir is not None else run_dir / EVAL_DIRNAME
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
-        atomic_write_parquet(per_dialogue, out / PER_DIALOGUE_FILE)
+        atomic_write_table(out / PER_DIALOGUE_FILE, pa.Table.from_pandas(per_dialogue, preserve_index=False))
         write_report(metrics, per_dialogue, out / REPORT_FILE)
         metrics.timings["report"] = round(time.perf_counter() - t0, 3)
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))

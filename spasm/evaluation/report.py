@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from spasm.evaluation.files import atomic_write_text
+from spasm.dataset.files import atomic_write_text
 from spasm.evaluation.metrics import Metrics
 
 __all__ = ["render_report", "write_report"]
