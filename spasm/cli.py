@@ -49,6 +49,9 @@ def _add_generate(sub: Any) -> None:
                    help="estimate calls, tokens and cost per pairing; spend nothing")
     e.add_argument("--pilot", type=int, default=0, metavar="N",
                    help="with --dry-run: first run N dialogues for real and calibrate on them")
+    from spasm.executors.cli import add_generate_flags
+
+    add_generate_flags(p)  # --shard, --executor, --ray-address, --shards
     p.set_defaults(func=cmd_generate)
 
 
@@ -77,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_eval(sub)
     from spasm.export.cli import register as register_export
     register_export(sub)
+    from spasm.executors.cli import register as register_merge
+    register_merge(sub)
     from spasm.viewer.cli import register as register_view
     register_view(sub)
     return parser
@@ -127,10 +132,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     config = resolve_config(args)
     run_dir = args.out or Path("runs") / config.name
+    from spasm.executors.cli import generate_with_ray, shard_of
+
+    if args.executor == "ray":
+        return generate_with_ray(args, config, run_dir)
     if args.resume and not (run_dir / "config.json").exists():
         raise UserError(f"--resume: {run_dir} holds no run to resume")
     engine = Engine(
-        config, run_dir, overwrite=args.overwrite, progress=False if args.no_progress else None
+        config, run_dir, overwrite=args.overwrite, progress=False if args.no_progress else None,
+        shard=shard_of(args),
     )
     if args.pilot and not args.dry_run:
         raise UserError("--pilot goes with --dry-run")

@@ -38,6 +38,7 @@ from spasm.dataset.rows import SCHEMA_VERSION
 from spasm.dataset.store import RunStore
 from spasm.errors import BudgetExceededError, StructuredOutputRejectedError, UserError
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
+from spasm.executors.shards import Shard, resume_check
 from spasm.personas import PersonaSet, build_personas, load_schema
 from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
 from spasm.tokens import counter_source
@@ -153,7 +154,9 @@ def config_differences(old: Any, new: Any, prefix: str = "", limit: int = 6) -> 
     return "; ".join(out[:limit]) + more
 
 
-def plan(config: RunConfig, personas: list[dict[str, Any]]) -> Iterator[DialogueSpec]:
+def plan(
+    config: RunConfig, personas: list[dict[str, Any]], shard: Shard | None = None
+) -> Iterator[DialogueSpec]:
     """Every dialogue of the run, in a stable order. The seed depends on the persona and the
     conversation index only, so every pairing, condition and harness level of a conversation
     shares it. A harness sweep (``harness.levels``) adds one dialogue per level, with the level
@@ -164,7 +167,7 @@ def plan(config: RunConfig, personas: list[dict[str, Any]]) -> Iterator[Dialogue
         [(f"-{level}", (level, level)) for level in h.levels] if h.levels else
         [("", (h.client, h.responder))]
     )
-    for persona in personas:
+    for persona in shard.select(personas) if shard is not None else personas:  # --shard I/N
         for k in range(config.conversations_per_persona):
             seed = derive_seed(config.seed, persona["persona_id"], k)
             for pairing in config.pairing_list:
@@ -199,6 +202,7 @@ class Engine:
         backends: dict[str, Backend] | None = None,
         simulate: Callable[..., Any] = simulate_dialogue,
         sleep_scale: float = 1.0,
+        shard: Shard | None = None,
     ) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
@@ -209,6 +213,9 @@ class Engine:
         self.sleep_scale = sleep_scale
         self.store = RunStore(self.run_dir)
         self._started = ""
+        #: ``--shard I/N``: only its personas' dialogues; recorded in the manifest.
+        self.shard = shard
+        self._shard_record = shard.record() if shard is not None else None
 
     # -- set-up ----------------------------------------------------------------------------
     def _check_run_dir(self) -> bool:
@@ -243,6 +250,8 @@ class Engine:
                     "cannot be resumed. Use another --out, or --overwrite to replace it."
                 )
             return True
+        if not self.overwrite:  # resuming: the same shard (or none) as before
+            self._shard_record = resume_check(self.run_dir, self.shard)
         return self.overwrite
 
     def _manifest(self, summary: RunSummary, caller: Caller, status: str, started: str) -> None:
@@ -254,6 +263,7 @@ class Engine:
                 "status": status,
                 "name": self.config.name,
                 "seed": self.config.seed,
+                "shard": self._shard_record,
                 "started_at": started,
                 "updated_at": datetime.now(UTC).isoformat(),
                 "counts": {
@@ -308,12 +318,21 @@ class Engine:
             responder_role=self.config.dialogue.responder_role,
             policy_temperature=self.config.harness.temperature,
         )
+        mine = self._own(result.accepted, caller)
         self.store.write_batch(
             "personas",
-            {"persona_rejections": result.rejected, "calls": result.calls,
-             "personas": result.accepted},
+            {"persona_rejections": result.rejected, "calls": result.calls, "personas": mine},
         )
-        return result.accepted
+        return mine
+
+    def _own(self, personas: list[dict[str, Any]], caller: Caller) -> list[dict[str, Any]]:
+        """A shard keeps its own personas; its manifest records the whole set's digest before
+        they are stored, so a merge can check that the shards drew the same set."""
+        if self.shard is None:
+            return personas
+        self._shard_record = self.shard.record(personas)
+        self._manifest(RunSummary(self.run_dir), caller, "running", self._started)
+        return self.shard.select(personas)
 
     def _needs_policy(self) -> bool:
         """Compile each card into a policy once, with the persona, when a level uses it."""
@@ -408,7 +427,7 @@ class Engine:
         finished = False
         try:
             personas = await self._personas(caller)
-            specs = list(plan(self.config, personas))
+            specs = list(plan(self.config, personas, self.shard))
             done = store.done_dialogue_ids()
             todo = [
                 s for s in specs if s.dialogue_id not in done and (only is None or s.dialogue_id in only)
@@ -533,7 +552,7 @@ class Engine:
         """
         if pilot > 0:
             personas = (await self._dry_personas()).accepted
-            specs = list(plan(self.config, personas))
+            specs = list(plan(self.config, personas, self.shard))
             step = max(1, len(specs) // pilot)
             chosen = {s.dialogue_id for s in specs[::step][:pilot]}
             await self.run(only=chosen)
@@ -541,7 +560,7 @@ class Engine:
         # Stored personas were paid for: their calls are read back. Otherwise the persona
         # pipeline runs against the scripted backends too, so its calls are priced.
         personas_set = await self._dry_personas(None if stored else scripted_caller(self.config))
-        specs = list(plan(self.config, personas_set.accepted))
+        specs = list(plan(self.config, personas_set.accepted, self.shard))
         calibration = await calibrate(self.store, self.config, specs) if stored else None
         return await estimate(
             self.config, specs, calibration,

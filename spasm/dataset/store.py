@@ -35,16 +35,16 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from spasm.dataset.files import atomic_write_json
 from spasm.dataset.integrity import Damage, find_damage, part_record
 from spasm.dataset.rows import ROW_MODELS, Row, arrow_schema, persona_row_model, rejection_row_model
+from spasm.dataset.streaming import merge_sorted, sort_rows, sorting_columns
 from spasm.errors import FormatError
 
-__all__ = ["RunStore", "rows_to_table", "write_finished_run"]
+__all__ = ["RunStore", "rows_to_table", "table_keys", "write_finished_run"]
 
 RowLike = Row | Mapping[str, Any]
 
@@ -74,21 +74,15 @@ def rows_to_table(table: str, model: type[Row], rows: Sequence[RowLike]) -> pa.T
     return pa.Table.from_pylist(records, arrow_schema(model))
 
 
-def _dedupe_sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """Drop rows whose keys equal the previous row's (the table is sorted by ``keys``).
+#: Sort and de-duplication keys of the personas tables, whose models depend on the schema.
+_PERSONA_KEYS = {"personas": persona_row_model([], set()).keys,
+                 "persona_rejections": rejection_row_model([], set()).keys}
 
-    Pure Arrow, so compaction holds the table once rather than once more as pandas.
-    """
-    if table.num_rows < 2:
-        return table
-    changed = None
-    for k in keys:
-        col = table.column(k)
-        diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, table.num_rows - 1)), True)
-        changed = diff if changed is None else pc.or_(changed, diff)
-    assert changed is not None
-    mask = pa.concat_arrays([pa.array([True]), *changed.chunks])
-    return table.filter(mask)
+
+def table_keys(table: str) -> tuple[str, ...]:
+    """The sort and de-duplication keys of a table (``()`` for a table spasm does not know)."""
+    model = ROW_MODELS.get(table)
+    return model.keys if model is not None else _PERSONA_KEYS.get(table, ())
 
 
 class RunStore:
@@ -135,9 +129,11 @@ class RunStore:
     ) -> dict[str, Any] | None:
         if not rows and not allow_empty:
             return None
-        data = rows_to_table(table, self.model(table), rows)
+        keys = self.model(table).keys
+        # Sorted, and marked so, because compaction and merge k-way merge sorted parts.
+        data = sort_rows(rows_to_table(table, self.model(table), rows), keys)
         tmp = self.tmp / f"{table}-{name}"
-        pq.write_table(data, tmp, compression="zstd")
+        pq.write_table(data, tmp, compression="zstd", sorting_columns=sorting_columns(data.schema, keys))
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         record = part_record(tmp, data.num_rows)
@@ -241,28 +237,44 @@ class RunStore:
 
     # -- compaction -------------------------------------------------------------------------
     def compact(self, table: str) -> None:
-        """Merge a table's parts into one part, de-duplicated by key and sorted."""
+        """Merge a table's parts into one part, sorted and de-duplicated by key.
+
+        A streaming k-way merge of the sorted parts (:mod:`spasm.dataset.streaming`): memory
+        stays bounded however large the table. Of rows with equal keys the earliest batch's is
+        kept.
+        """
         parts = self.parts(table)
         if not parts or (len(parts) == 1 and parts[0].name.startswith("part-compacted")):
             return  # nothing to merge, and already sorted
-        data = self.read(table)
-        assert data is not None
-        model = self.models.get(table)
-        keys = [k for k in (model.keys if model else ()) if k in data.column_names]
-        if keys:
-            data = _dedupe_sorted(data.sort_by([(k, "ascending") for k in keys]), keys)
-        self._publish(table, data, parts)
+        self.merge_parts(table, parts, replaces=parts)
 
-    def _publish(self, table: str, data: pa.Table, replaces: list[Path]) -> None:
-        """Move ``data`` in as the table's one compacted part, replacing ``replaces``; a
-        journal lets :meth:`recover` finish the swap after a crash (never both, never none)."""
+    def merge_parts(
+        self, table: str, sources: Sequence[Path], *, replaces: Sequence[Path] = (), dedupe: bool = True
+    ) -> None:
+        """Stream ``sources`` (Parquet parts, here or in other runs: ``spasm merge``) into one
+        sorted part of ``table`` that replaces ``replaces``, committed with its own marker."""
         self.tmp.mkdir(parents=True, exist_ok=True)
         name = f"part-compacted-{uuid.uuid4().hex[:8]}.parquet"
         tmp = self.tmp / name
+        keys = self.models[table].keys if table in self.models else table_keys(table)
+        rows = merge_sorted(list(sources), tmp, keys, dedupe=dedupe, scratch=self.tmp)
+        self._publish_file(table, tmp, rows, list(replaces))
+
+    def _publish(self, table: str, data: pa.Table, replaces: list[Path]) -> None:
+        """Move ``data`` in as the table's one compacted part, replacing ``replaces``."""
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        tmp = self.tmp / f"part-compacted-{uuid.uuid4().hex[:8]}.parquet"
         pq.write_table(data, tmp, compression="zstd")
+        self._publish_file(table, tmp, data.num_rows, replaces)
+
+    def _publish_file(self, table: str, tmp: Path, rows: int, replaces: list[Path]) -> None:
+        """Move the written part ``tmp`` (in ``.tmp/``, named ``part-compacted-*``) in as the
+        table's one compacted part, replacing ``replaces``; a journal lets :meth:`recover`
+        finish the swap after a crash (never both, never none)."""
+        name = tmp.name
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
-        record = part_record(tmp, data.num_rows)
+        record = part_record(tmp, rows)
         record["file"] = name
         result = self.table_dir(table) / name
         result.parent.mkdir(exist_ok=True)

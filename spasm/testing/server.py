@@ -390,6 +390,10 @@ class _State:
         self.counter = 0
         self.stopping = threading.Event()
         self.connections: set[socket.socket] = set()
+        # POSTs being answered now, the most at once, and when each arrived (monotonic).
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.arrivals: collections.deque[float] = collections.deque(maxlen=_MAX_RECORDED_REQUESTS)
 
     def count(self, outcome: str) -> None:
         with self.lock:
@@ -496,6 +500,7 @@ class _Handler(BaseHTTPRequestHandler):
         content_type: str = "application/json",
     ) -> None:
         # Count before writing, so a client that has its answer also sees it in the stats.
+        self._answered()
         self.state.count(outcome)
         self._send(status, body, headers, content_type)
 
@@ -525,7 +530,30 @@ class _Handler(BaseHTTPRequestHandler):
         message = f"unknown endpoint {self.command} {self.path}"
         self._respond("bad_request", 404, _error_body(message, "invalid_request_error", "unknown_url"))
 
+    _in_flight = False
+
+    def _answered(self) -> None:
+        """This POST is no longer in flight (called before its answer is written, so a client
+        that starts its next request on having the answer is never counted twice)."""
+        if self._in_flight:
+            self._in_flight = False
+            with self.state.lock:
+                self.state.in_flight -= 1
+
     def do_POST(self) -> None:
+        """Serve a POST, counted in flight until it is answered (``TestServer.max_in_flight``)."""
+        state = self.state
+        with state.lock:
+            state.arrivals.append(time.monotonic())
+            state.in_flight += 1
+            state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        self._in_flight = True
+        try:
+            self._post()
+        finally:
+            self._answered()
+
+    def _post(self) -> None:
         """Serve chat completions and embeddings, applying latency and the fault plan."""
         state = self.state
         state.count("requests")
@@ -843,11 +871,25 @@ class TestServer:
         with self._state.lock:
             return list(self._state.requests)
 
+    @property
+    def arrivals(self) -> list[float]:
+        """When each POST arrived (``time.monotonic()``, the last 10,000), oldest first."""
+        with self._state.lock:
+            return list(self._state.arrivals)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most POSTs that were being answered at once."""
+        with self._state.lock:
+            return self._state.max_in_flight
+
     def reset(self) -> None:
         """Zero the stats and forget recorded requests (the plan and RNG are kept)."""
         with self._state.lock:
             self._state.stats = dict.fromkeys(self._state.stats, 0)
             self._state.requests.clear()
+            self._state.arrivals.clear()
+            self._state.max_in_flight = self._state.in_flight
 
 
 # ---------------------------------------------------------------------------------------
