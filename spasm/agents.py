@@ -212,6 +212,8 @@ class PlainAgent:
         request = ChatRequest(
             messages=tuple(messages), temperature=self.temperature,
             max_tokens=self.max_tokens, seed=seed,
+            # One stream per agent and dialogue: under ECP its prompts only ever grow.
+            stream_key=f"{session.scope.dialogue_id}:{self.speaker}",
         )
         completion = await session.complete(role or self.speaker, self.backend, request)
         text = clean_reply(completion.text, completion.finish_reason == "length")

@@ -348,6 +348,10 @@ class Engine:
         used = {p.client for p in self.config.pairing_list} | {
             p.responder for p in self.config.pairing_list
         }
+        if all(backends[b].max_concurrency == 1 for b in used):
+            # One sequential model (the embedded one): interleaving dialogues on it only delays
+            # every one of them to the end and breaks each agent's KV prefix; run them in turn.
+            return 1
         # Twice the request slots: a slot would otherwise idle while its dialogue is between
         # calls (building the next prompt, checking termination) and in the last partial wave.
         return max(1, 2 * sum(backends[b].max_concurrency for b in used))

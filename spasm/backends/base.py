@@ -23,6 +23,10 @@ class ChatRequest:
     json_schema: dict[str, Any] | None = None
     #: Distinguishes deliberate repeats of an identical request (e.g. re-sampling).
     sample_index: int = 0
+    #: Names the append-only stream this request continues (e.g. one agent of one dialogue),
+    #: so a backend with a local KV cache can keep one per stream. It never changes the reply:
+    #: it is left out of :meth:`params` and :meth:`cache_key`.
+    stream_key: str | None = None
 
     def params(self) -> dict[str, Any]:
         """The sampling parameters, as logged in the call table."""

