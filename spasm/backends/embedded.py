@@ -16,8 +16,9 @@ depends on the slot. The prompt tokens served from a context are counted
 (``Completion.extra["cached_tokens"]``).
 
 Memory: each context holds its own KV cache, about 23 KB a token for SmolLM2-135M (30 layers,
-3 KV heads of 64, f16), i.e. ~47 MB at ``n_ctx`` 2048 and ~190 MB at the default 8192, plus
-llama.cpp's compute buffers; the weights are memory-mapped once by the page cache.
+3 KV heads of 64, f16), plus llama.cpp's compute buffers: measured ~65 MB of private memory per
+context at ``n_ctx`` 2048 and ~200 MB at the default 8192 (so ~0.2 / 0.6 GB for the three
+slots); the 98 MB of weights are a memory-mapped file, shared through the page cache.
 """
 
 from __future__ import annotations
