@@ -103,8 +103,8 @@ class DuplicateIndex:
     signature matrix; :meth:`findings` bands it the way ``datasketch.MinHashLSH`` would for the
     threshold (its ``b`` bands of ``r`` rows), finds the dialogues that agree on a whole band by
     sorting the band's keys, and checks each candidate pair on its signatures. datasketch's own
-    index keeps a Python set per band and bucket, about 5 KB a dialogue (230 MB at 45,000
-    dialogues, benchmarks/export.py); the matrix takes 512 bytes.
+    index keeps a Python set per band and bucket, about 3 KB a dialogue (128 MiB more peak at
+    45,000 dialogues, benchmarks/export.py); the matrix takes 512 bytes.
     """
 
     threshold: float = 0.8

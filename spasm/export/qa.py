@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from spasm.dataset import QARow, Run, RunStore
 from spasm.dataset.rows import PERSONA_HEAD, PERSONA_TAIL
 from spasm.errors import UserError
-from spasm.export.dedup import DuplicateIndex, minhash_available
+from spasm.export.dedup import NUM_PERM, SHINGLE_WORDS, DuplicateIndex, minhash_available
 from spasm.export.scans import REDACTABLE, Finding, PromptRef, ScanContext, prompt_ref, scan_text
 from spasm.export.stream import Turn, iter_dialogues, turn_index
 from spasm.projection import SPEAKER_LABELS, Viewer
@@ -233,7 +233,8 @@ def scan_run(
         dialogues=len(prompts.ids), turns=n_turns,
         findings=dict(Counter(r.kind for r in rows)),
         dialogues_with=dict(Counter(k for _, k in {(r.dialogue_id, r.kind) for r in rows})),
-        near_duplicates=(f"MinHash LSH (datasketch), word {5}-grams, Jaccard >= {near_threshold}"
+        near_duplicates=(f"MinHash (datasketch, {NUM_PERM} permutations) with banded LSH, word "
+                         f"{SHINGLE_WORDS}-grams, Jaccard >= {near_threshold}"
                          if near else "not scanned (install datasketch: pip install 'spasm[export]')"),
         near_threshold=near_threshold, role_flips=flip_source, found_at=when,
     )
