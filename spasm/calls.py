@@ -20,7 +20,9 @@ completions are cached, keyed by the sha256 of the backend identity and the exac
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import random
 import sqlite3
 import threading
@@ -29,7 +31,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from pydantic import BaseModel, ValidationError
@@ -42,13 +44,21 @@ from spasm.errors import (
     BackendError,
     BudgetExceededError,
     EmptyCompletionError,
+    EndpointRefusedError,
+    FatalBackendError,
     RateLimitedError,
     StructuredOutputRejectedError,
     TransientBackendError,
+    UserError,
 )
 from spasm.limits import BackendLimits
 from spasm.projection import Message
 from spasm.tokens import count_messages
+
+log = logging.getLogger("spasm")
+
+#: Client errors in a row, from a backend that never answered, after which the run stops.
+REFUSALS_TO_STOP = 3
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -58,19 +68,30 @@ class Cache:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS completions (key TEXT PRIMARY KEY, value TEXT)")
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS completions (key TEXT PRIMARY KEY, value TEXT)")
+            self._db.execute("SELECT count(*) FROM completions").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise UserError(
+                f"The request cache {path} is damaged ({exc}). Delete it and rerun: finished "
+                "dialogues are kept; the others pay their calls again (or set engine.cache: false)."
+            ) from None
         self._lock = threading.Lock()
 
     def get(self, key: str) -> Completion | None:
+        """The cached completion of ``key``; a damaged entry is a miss (and is asked again)."""
         with self._lock:
             row = self._db.execute("SELECT value FROM completions WHERE key=?", (key,)).fetchone()
         if row is None:
             return None
-        data = json.loads(row[0])
-        return Completion(**data)
+        try:
+            return Completion(**json.loads(row[0]))
+        except (TypeError, ValueError):
+            return None
 
     def put(self, key: str, completion: Completion) -> None:
         value = json.dumps(
@@ -167,6 +188,11 @@ class Caller:
         self._rng = random.Random()
         #: The first structured-output rejection of the run; it ends the run (the engine raises it).
         self.rejection: StructuredOutputRejectedError | None = None
+        #: Set when a backend refuses every call it gets (the run stops: :meth:`stop_reason`).
+        self.refusal: EndpointRefusedError | None = None
+        self._refused: Counter[str] = Counter()
+        self._answered: set[str] = set()
+        self._warned_retry: set[str] = set()
         #: Structured replies that parsed, by (dialogue id, role): how the engine tells a harness
         #: level whose structured calls all fell back from one where some worked.
         self.structured_ok: defaultdict[str, Counter[str]] = defaultdict(Counter)
@@ -204,34 +230,41 @@ class Caller:
         latency: float,
         error: str | None,
         started: datetime,
-    ) -> None:
+    ) -> CallRow:
         self.usage.outcomes[outcome] += 1
-        scope.records.append(
-            CallRow(
-                call_id=f"{self.pass_id}:{scope.next_id()}",
-                dialogue_id=scope.dialogue_id,
-                persona_id=scope.persona_id,
-                role=role,
-                backend=backend.name,
-                model=backend.model,
-                resolved_model=completion.resolved_model if completion else None,
-                request_hash=key,
-                params=json.dumps(request.params(), sort_keys=True),
-                attempt=attempt,
-                prompt_tokens=completion.prompt_tokens if completion else 0,
-                completion_tokens=completion.completion_tokens if completion else 0,
-                latency_s=latency,
-                cache_hit=outcome == "cache_hit",
-                outcome=outcome,
-                error=error,
-                started_at=started,
-            )
+        row = CallRow(
+            call_id=f"{self.pass_id}:{scope.next_id()}",
+            dialogue_id=scope.dialogue_id,
+            persona_id=scope.persona_id,
+            role=role,
+            backend=backend.name,
+            model=backend.model,
+            resolved_model=completion.resolved_model if completion else None,
+            request_hash=key,
+            params=json.dumps(request.params(), sort_keys=True),
+            attempt=attempt,
+            prompt_tokens=completion.prompt_tokens if completion else 0,
+            completion_tokens=completion.completion_tokens if completion else 0,
+            latency_s=latency,
+            cache_hit=outcome == "cache_hit",
+            outcome=outcome,
+            error=error,
+            started_at=started,
         )
+        scope.records.append(row)
+        return row
 
     async def complete(
         self, role: str, backend_name: str, request: ChatRequest, scope: CallScope
     ) -> Completion:
         """One logical call: cached, rate-limited, retried; returns a non-empty completion."""
+        completion, _ = await self._call(role, backend_name, request, scope)
+        return completion
+
+    async def _call(
+        self, role: str, backend_name: str, request: ChatRequest, scope: CallScope
+    ) -> tuple[Completion, CallRow]:
+        """:meth:`complete`, also returning the call-log row of the attempt that answered."""
         backend = self.backends[backend_name]
         cfg = self.configs[backend_name]
         key = request.cache_key(backend.identity)
@@ -240,18 +273,20 @@ class Caller:
             if hit is not None:
                 self.usage.cache_hits += 1
                 self._account(role, backend_name, hit)
-                self._record(
+                row = self._record(
                     scope, role=role, backend=backend, request=request, key=key, attempt=0,
                     outcome="cache_hit", completion=hit, latency=0.0, error=None,
                     started=datetime.now(UTC),
                 )
-                return hit
+                return hit, row
         if (
             request.json_schema is not None
             and self.rejection is not None
             and self.rejection.backend == backend_name
         ):
             raise self.rejection  # fail fast: the server has refused this format already
+        if self.refusal is not None and self.refusal.backend == backend_name:
+            raise self.refusal
         limits = self.limits[backend_name]
         # Counting tokens costs CPU; only a TPM bucket needs the estimate.
         estimate = (
@@ -286,8 +321,13 @@ class Caller:
                     attempt=attempt, outcome=outcome_of(exc), completion=None, latency=latency,
                     error=str(exc), started=started,
                 )
+                self._note_refusal(backend_name, exc)
                 if not isinstance(exc, TransientBackendError) or attempt == cfg.max_attempts:
                     raise
+                if backend_name not in self._warned_retry:
+                    self._warned_retry.add(backend_name)
+                    log.warning("calls to backend %r are being retried (%s); up to %d attempts "
+                                "per call (max_attempts)", backend_name, exc, cfg.max_attempts)
                 delay = self._rng.uniform(0, min(30.0, 0.5 * 2 ** (attempt - 1)))
                 if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
                     delay = max(delay, exc.retry_after)
@@ -296,16 +336,33 @@ class Caller:
                 await anyio.sleep(delay * self.sleep_scale)
                 continue
             latency = time.perf_counter() - t0
+            self._answered.add(backend_name)
             self._account(role, backend_name, completion)
-            self._record(
+            row = self._record(
                 scope, role=role, backend=backend, request=attempt_request, key=key,
                 attempt=attempt, outcome="ok", completion=completion, latency=latency,
                 error=None, started=started,
             )
             if self.cache is not None:
                 self.cache.put(key, completion)
-            return completion
+            return completion, row
         raise AssertionError("unreachable") from last_exc  # pragma: no cover
+
+    def _note_refusal(self, backend_name: str, exc: BackendError) -> None:
+        """Count client errors of a backend that has never answered; stop after a few."""
+        if backend_name in self._answered or not isinstance(exc, FatalBackendError):
+            return
+        if exc.status is None or not 400 <= exc.status < 500:
+            return
+        self._refused[backend_name] += 1
+        if self._refused[backend_name] >= REFUSALS_TO_STOP and self.refusal is None:
+            self.refusal = EndpointRefusedError(backend_name, exc.status, str(exc),
+                                                self._refused[backend_name])
+
+    @property
+    def stop_reason(self) -> StructuredOutputRejectedError | EndpointRefusedError | None:
+        """An error that must end the whole run now (the engine checks after each dialogue)."""
+        return self.rejection or self.refusal
 
     async def structured(
         self,
@@ -329,13 +386,13 @@ class Caller:
         :class:`~spasm.errors.StructuredOutputRejectedError`, which no caller may fall back on.
         """
         convo = list(messages)
-        json_schema = schema.model_json_schema()
+        json_schema = _json_schema(schema)
         for ask in range(self.reask_attempts + 1):
             request = ChatRequest(
                 messages=tuple(convo), temperature=temperature, max_tokens=max_tokens,
                 seed=seed, json_schema=json_schema,
             )
-            completion = await self.complete(role, backend_name, request, scope)
+            completion, row = await self._call(role, backend_name, request, scope)
             try:
                 parsed = schema.model_validate(extract_json(completion.text))
                 if scope.dialogue_id is not None:
@@ -345,8 +402,7 @@ class Caller:
                 error = f"not valid JSON: {exc.msg} at position {exc.pos}"
             except ValidationError as exc:
                 error = _short_error(exc)
-            scope.records[-1].outcome = "invalid_output"
-            scope.records[-1].error = error
+            row.outcome, row.error = "invalid_output", error
             if ask == self.reask_attempts:
                 return None
             convo = [
@@ -359,6 +415,12 @@ class Caller:
                 },
             ]
         return None
+
+
+@functools.cache
+def _json_schema(schema: type[BaseModel]) -> dict[str, Any]:
+    """A model's JSON schema, built once (pydantic rebuilds it on every call otherwise)."""
+    return schema.model_json_schema()
 
 
 def _short_error(exc: ValidationError) -> str:

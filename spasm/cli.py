@@ -7,17 +7,20 @@ budget cap (resume with a higher cap); 130 interrupted (rerun the same command t
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spasm.errors import SpasmError, UserError
+from spasm.errors import ConfigError, SpasmError, UserError
 
 log = logging.getLogger("spasm")
 
-RUN_EXIT = {"ok": 0, "failed": 1, "usage": 2, "budget": 3, "interrupted": 130}
+RUN_EXIT = {"ok": 0, "failed": 1, "usage": 2, "budget": 3, "interrupted": 130, "terminated": 143}
 
 
 def _add_generate(sub: Any) -> None:
@@ -39,6 +42,10 @@ def _add_generate(sub: Any) -> None:
     q.add_argument("--model", help="model name at that endpoint")
     q.add_argument("--api-key-env", metavar="VAR", help="NAME of the env var holding the key")
     q.add_argument("--concurrency", type=int, metavar="C", help="requests in flight (default 16)")
+    q.add_argument("--timeout", type=float, metavar="S",
+                   help="seconds to wait for one model call (every backend; default 60)")
+    q.add_argument("--max-attempts", type=int, metavar="N",
+                   help="attempts per call, retries included (every backend; default 6)")
     e = p.add_argument_group("run control")
     e.add_argument("--resume", action="store_true", help="require an existing run to resume")
     e.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
@@ -64,15 +71,41 @@ def _add_personas(sub: Any) -> None:
     p.set_defaults(func=cmd_personas)
 
 
+def _spasm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spasm")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def _add_status(sub: Any) -> None:
+    p = sub.add_parser("status", help="where a run stands: done, quarantined, to do, tokens, cost, "
+                       "whether a process is writing it")
+    p.add_argument("run_dir", metavar="RUN_DIR", type=Path)
+    p.set_defaults(func=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from spasm.status import run_status
+
+    for line in run_status(args.run_dir).lines():
+        print(line)
+    return RUN_EXIT["ok"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spasm",
         description="Persona-driven Client/Responder dialogue simulation into Parquet datasets.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"spasm {_spasm_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_generate(sub)
     _add_personas(sub)
+    _add_status(sub)
     from spasm.evaluation.cli import register as register_eval
     from spasm.harness.cli import register as register_harness
 
@@ -100,14 +133,19 @@ def resolve_config(args: argparse.Namespace) -> Any:
             "kind": "openai", "base_url": args.base_url, "model": args.model,
             "api_key_env": args.api_key_env,
         }
-        if args.concurrency:
+        if args.concurrency is not None:
             backend["max_concurrency"] = args.concurrency
         data["backends"] = {"endpoint": backend}
         data["pairings"] = [{"client": "endpoint", "responder": "endpoint"}]
         data["personas"]["backend"] = None
         data["termination"]["judge_backend"] = None
-    elif args.api_key_env or args.concurrency:
+    elif args.api_key_env or args.concurrency is not None:
         raise UserError("--api-key-env and --concurrency apply with --base-url/--model")
+    for b in data["backends"].values():
+        if args.timeout is not None:
+            b["timeout_s"] = args.timeout
+        if args.max_attempts is not None:
+            b["max_attempts"] = args.max_attempts
     if args.personas is not None:
         data["personas"]["n"] = args.personas
     if args.conversations_per_persona is not None:
@@ -122,7 +160,36 @@ def resolve_config(args: argparse.Namespace) -> Any:
         data["engine"]["max_cost"] = args.max_cost
     if args.max_tokens is not None:
         data["engine"]["max_tokens"] = args.max_tokens
-    return parse_config(data, f"{source} (with command-line options)")
+    try:
+        return parse_config(data, f"{source} (with command-line options)")
+    except ConfigError as exc:
+        raise ConfigError(_name_flags(str(exc), args)) from None
+
+
+#: Config fields that command-line flags set, so errors name the flag the user typed.
+_FLAG_FIELDS = {
+    "personas.n": "--personas", "conversations_per_persona": "--conversations-per-persona",
+    "seed": "--seed", "name": "--name", "engine.max_cost": "--max-cost",
+    "engine.max_tokens": "--max-tokens", "backends.endpoint.max_concurrency": "--concurrency",
+    "backends.endpoint.base_url": "--base-url", "backends.endpoint.model": "--model",
+    "backends.endpoint.api_key_env": "--api-key-env",
+}
+
+
+def _name_flags(message: str, args: argparse.Namespace) -> str:
+    given = {"personas": "--personas", "conversations_per_persona": "--conversations-per-persona",
+             "seed": "--seed", "name": "--name", "max_cost": "--max-cost",
+             "max_tokens": "--max-tokens", "concurrency": "--concurrency", "base_url": "--base-url",
+             "model": "--model", "api_key_env": "--api-key-env", "timeout": "--timeout",
+             "max_attempts": "--max-attempts"}
+    used = {flag for attr, flag in given.items() if getattr(args, attr, None) is not None}
+    for field_path, flag in _FLAG_FIELDS.items():
+        if flag in used:
+            message = message.replace(f"  - {field_path}:", f"  - {flag} ({field_path}):")
+    for option, key in (("--timeout", "timeout_s"), ("--max-attempts", "max_attempts")):
+        if option in used:
+            message = re.sub(rf"  - (backends\.\w+\.{key}):", rf"  - {option} (\1):", message)
+    return message
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -156,11 +223,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         summary = anyio.run(engine.run)
     except KeyboardInterrupt:
         print(
-            f"\nInterrupted. Completed dialogues are saved in {run_dir}. "
-            "Run the same command again to resume.",
+            f"\n{'Stopped by SIGTERM' if _terminated else 'Interrupted'}. Completed dialogues are "
+            f"saved in {run_dir}. Run the same command again to resume.",
             file=sys.stderr,
         )
-        return RUN_EXIT["interrupted"]
+        return RUN_EXIT["terminated" if _terminated else "interrupted"]
     tables = ", ".join(sorted(p.name for p in run_dir.glob("*.parquet")))
     print(f"Dataset: {run_dir} ({tables})")
     print(summary.line())
@@ -186,8 +253,8 @@ def cmd_personas(args: argparse.Namespace) -> int:
     from spasm.dataset.store import rows_to_table
     from spasm.personas import build_personas, load_schema
 
-    if args.n < 1:
-        raise UserError("--n must be at least 1")
+    if not 1 <= args.n <= 1_000_000:
+        raise UserError("--n must be between 1 and 1,000,000 (personas are held in memory)")
     out: Path = args.out
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; name the .parquet file to write.")
@@ -203,8 +270,41 @@ def cmd_personas(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Terminated(Exception):
+    """Marks that the interrupt came from SIGTERM (exit 143), not Ctrl-C (130)."""
+
+
+_terminated = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (schedulers, containers, ``timeout``) is handled like Ctrl-C: the running loop is
+    cancelled, finished dialogues are flushed, and the exit says how to resume."""
+    global _terminated
+    _terminated = True
+    signal.default_int_handler(signal.SIGINT, frame)
+
+
+#: errno values that mean the user pointed spasm at a place it cannot write (exit 2).
+_INPUT_ERRNOS = {errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.EACCES, errno.EPERM,
+                 errno.ENOENT, errno.EEXIST, errno.ENAMETOOLONG}
+
+
+def _os_error(exc: OSError) -> tuple[str, int]:
+    where = f" {exc.filename}" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return (f"no space left on the device writing{where}. Free some space and rerun the same "
+                "command: committed work is kept.", RUN_EXIT["failed"])
+    if exc.errno in _INPUT_ERRNOS:
+        return (f"cannot write{where}: {exc.strerror}. Choose another --out (a writable "
+                "directory).", RUN_EXIT["usage"])
+    return f"file system error{where}: {exc.strerror or exc}", RUN_EXIT["failed"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
+    """Run the CLI; returns the exit code. Every expected failure ends here as a message and an
+    exit code (see the README's table), never a traceback."""
+    global _terminated
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -214,15 +314,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return RUN_EXIT["usage"]
+    _terminated = False
+    previous = signal.getsignal(signal.SIGTERM)
+    in_main_thread = signal.getsignal(signal.SIGINT) is not None
+    try:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (tests): leave signals alone
+        in_main_thread = False
     try:
         code: int = args.func(args)
         return code
+    except KeyboardInterrupt:
+        print("\nStopped by SIGTERM." if _terminated else "\nInterrupted.", "Nothing committed "
+              "is lost; rerun the same command to resume.", file=sys.stderr)
+        return RUN_EXIT["terminated" if _terminated else "interrupted"]
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return RUN_EXIT["usage"]
     except SpasmError as exc:
         print(f"run failed: {exc}", file=sys.stderr)
         return RUN_EXIT["failed"]
+    except OSError as exc:
+        message, code = _os_error(exc)
+        print(f"error: {message}" if code == RUN_EXIT["usage"] else f"run failed: {message}",
+              file=sys.stderr)
+        return code
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def entrypoint() -> None:

@@ -149,6 +149,9 @@ class EngineConfig(_Strict):
     max_cost: float | None = Field(None, ge=0)
     max_tokens: int | None = Field(None, ge=1)
     reask_attempts: int = Field(2, ge=0, le=5)
+    #: A plan larger than this is refused before anything is sampled: the plan and the personas
+    #: are held in memory (about 1 KB a dialogue), so a typo like 1000000000 must not start.
+    max_planned_dialogues: int = Field(1_000_000, ge=1)
 
 
 HarnessLevel = Literal["A", "B", "C", "D", "E"]
@@ -257,6 +260,25 @@ class RunConfig(_Strict):
         for ref, where in refs:
             if ref not in names:
                 raise ValueError(f"{where} names backend {ref!r}, not one of {sorted(names)}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_plan_size(self) -> RunConfig:
+        levels = len(self.harness.levels) if self.harness.levels else 1
+        factors = [self.personas.n, self.conversations_per_persona, len(self.pairing_list),
+                   len(self.conditions), levels]
+        planned = 1
+        for f in factors:
+            planned *= f
+        limit = self.engine.max_planned_dialogues
+        if planned > limit:
+            raise ValueError(
+                f"the plan has {planned:,} dialogues (personas × conversations × pairings × "
+                f"conditions × harness levels = {' × '.join(f'{f:,}' for f in factors)}), over "
+                f"engine.max_planned_dialogues = {limit:,}. Lower the counts, or raise "
+                "engine.max_planned_dialogues in the config if you mean it (memory grows ~1 KB "
+                "per planned dialogue)."
+            )
         return self
 
     @property

@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import time
 import uuid
 from collections import Counter
@@ -30,16 +31,21 @@ from tqdm import tqdm
 
 from spasm.agents import derive_seed
 from spasm.backends import Backend, make_backend
-from spasm.calls import Cache, Caller
+from spasm.calls import Cache, Caller, CallScope
 from spasm.config import RunConfig
 from spasm.dataset.files import atomic_write_json as write_json
 from spasm.dataset.lock import LOCK_FILE, RunLock
 from spasm.dataset.rows import SCHEMA_VERSION
 from spasm.dataset.store import RunStore
-from spasm.errors import BudgetExceededError, StructuredOutputRejectedError, UserError
+from spasm.errors import (
+    BudgetExceededError,
+    EndpointRefusedError,
+    StructuredOutputRejectedError,
+    UserError,
+)
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
 from spasm.executors.shards import Shard, resume_check
-from spasm.personas import PersonaSet, build_personas, load_schema
+from spasm.personas import PersonaSet, PolicyCompiler, build_personas, load_schema
 from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
 from spasm.tokens import counter_source
 
@@ -109,7 +115,8 @@ class RunSummary:
         if self.new != self.completed:
             parts.append(f"{self.new} new")
         if self.terminations:
-            parts.append(", ".join(f"{k} {v}" for k, v in sorted(self.terminations.items())))
+            ended = ", ".join(f"{k} ×{v}" for k, v in sorted(self.terminations.items()))
+            parts.append(f"ended by {ended}")
         if self.errors:
             why = ", ".join(f"{k} {v}" for k, v in self.error_types.most_common())
             parts.append(f"{self.errors} quarantined ({why})")
@@ -133,6 +140,36 @@ def _version(pkg: str) -> str:
         return version(pkg)
     except PackageNotFoundError:
         return "not installed"
+
+
+class _ProgressLines:
+    """Periodic one-line progress reports for runs whose output is not a terminal."""
+
+    def __init__(self, *, enabled: bool, every_s: float = 30.0) -> None:
+        self.enabled = enabled
+        self.every_s = every_s
+        self._last = time.monotonic()
+
+    def tick(self, summary: RunSummary, caller: Caller) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self._last < self.every_s:
+            return
+        self._last = now
+        print(f"[spasm] {summary.completed:,}/{summary.planned:,} dialogues, "
+              f"{summary.errors} quarantined, {caller.usage.total_tokens:,} tokens, "
+              f"cost {caller.usage.cost:.4f}", file=sys.stderr, flush=True)
+
+
+def _prune_resolved_errors(store: RunStore) -> None:
+    """Drop quarantine rows of dialogues that a later pass completed: the errors table of a
+    finished run lists what is still failed, not every retry on the way."""
+    errors = store.read("errors")
+    if errors is None or errors.num_rows == 0:
+        return
+    done = store.done_dialogue_ids()
+    kept = [r for r in errors.to_pylist() if r["dialogue_id"] not in done]
+    if len(kept) < errors.num_rows:
+        store.replace_table("errors", kept)
 
 
 def config_differences(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str:
@@ -314,9 +351,7 @@ class Engine:
             llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
             validator_temperature=temps.validator, crafter_temperature=temps.crafter,
             max_draws_per_persona=pc.max_draws_per_persona,
-            extract_policy=self._needs_policy(),
-            responder_role=self.config.dialogue.responder_role,
-            policy_temperature=self.config.harness.temperature,
+            compile_policy=self._policy_compiler(caller, backend),
         )
         mine = self._own(result.accepted, caller)
         self.store.write_batch(
@@ -333,6 +368,22 @@ class Engine:
         self._shard_record = self.shard.record(personas)
         self._manifest(RunSummary(self.run_dir), caller, "running", self._started)
         return self.shard.select(personas)
+
+    def _policy_compiler(self, caller: Caller, backend: str) -> PolicyCompiler | None:
+        """The harness's one policy-extraction path, handed to the persona pipeline when a
+        level uses policies (so personas need not import the harness)."""
+        if not self._needs_policy():
+            return None
+        from spasm.harness.policy import POLICY_VERSION, client_policy
+
+        hc, role = self.config.harness, self.config.dialogue.responder_role
+
+        async def compile_policy(persona: dict[str, Any], scope: CallScope) -> tuple[str, str, bool]:
+            policy, fell_back, _ = await client_policy(
+                caller, hc.backend or backend, persona, role, scope, temperature=hc.temperature)
+            return policy.to_json(), POLICY_VERSION, fell_back
+
+        return compile_policy
 
     def _needs_policy(self) -> bool:
         """Compile each card into a policy once, with the persona, when a level uses it."""
@@ -441,7 +492,7 @@ class Engine:
             await self._execute(todo, backends, caller, summary)
             summary.failed = summary.failed or summary.fallback_failure()
             finished = summary.stopped is None and only is None
-        except StructuredOutputRejectedError as exc:
+        except (StructuredOutputRejectedError, EndpointRefusedError) as exc:
             summary.failed = str(exc)
             raise
         finally:
@@ -449,6 +500,7 @@ class Engine:
             summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
             with anyio.CancelScope(shield=True):
                 if finished and summary.completed == summary.planned:
+                    await anyio.to_thread.run_sync(_prune_resolved_errors, store)
                     await anyio.to_thread.run_sync(store.ensure_tables, TABLES)
                     await anyio.to_thread.run_sync(store.compact_all)
                     if self.config.harness.active:
@@ -480,6 +532,8 @@ class Engine:
             disable={True: False, False: True, None: None}[self.progress],
             dynamic_ncols=True,
         )
+        # Without a terminal (a scheduler's log file) the bar is off: print a line now and then.
+        lines = _ProgressLines(enabled=self.progress is None and not sys.stderr.isatty())
 
         async def flush() -> None:
             nonlocal batch_no
@@ -513,9 +567,11 @@ class Engine:
                     pending.append(result)
                     if summary.add(result, caller.structured_ok.pop(spec.dialogue_id, Counter())):
                         bar.update(1)
-                    if caller.rejection is not None:  # the server refuses the format: stop now
-                        summary.failed = str(caller.rejection)
-                        raise caller.rejection
+                    lines.tick(summary, caller)
+                    stop = caller.stop_reason  # a server refusing the format or every call
+                    if stop is not None:
+                        summary.failed = str(stop)
+                        raise stop
                     bar.set_postfix(
                         tokens=f"{caller.usage.total_tokens:,}",
                         cost=f"{caller.usage.cost:.4f}",
@@ -536,7 +592,7 @@ class Engine:
         except BaseExceptionGroup as group:
             budget, rest = group.split(BudgetExceededError)
             if rest is not None:
-                raise (caller.rejection or rest) from None
+                raise (caller.stop_reason or rest) from None
             assert budget is not None
             summary.stopped = str(budget.exceptions[0])
         finally:
@@ -592,7 +648,5 @@ class Engine:
             llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
             validator_temperature=temps.validator, crafter_temperature=temps.crafter,
             max_draws_per_persona=pc.max_draws_per_persona,
-            extract_policy=self._needs_policy(),
-            responder_role=self.config.dialogue.responder_role,
-            policy_temperature=self.config.harness.temperature,
+            compile_policy=self._policy_compiler(caller, backend),
         )

@@ -172,3 +172,21 @@ class BudgetExceededError(RunError):
 class FormatError(RunError):
     """A row or a table does not match the run format (a misspelled or undeclared field, a
     wrong type, a table spasm does not know). Raised by :mod:`spasm.dataset`."""
+
+
+class EndpointRefusedError(RunError):
+    """A backend refuses every call with the same client error (404: a wrong path or model;
+    400: a parameter it does not take) before it ever answered one: the run stops at once
+    instead of quarantining every dialogue."""
+
+    outcome: ClassVar[str] = "fatal"
+
+    def __init__(self, backend: str, status: int | None, message: str, count: int) -> None:
+        self.backend = backend
+        self.status = status
+        hint = (" Check base_url and the model name." if status == 404 else
+                " Check the backend's settings against what the server accepts.")
+        super().__init__(
+            f"Backend {backend!r} refused the first {count} calls with {status}: {_clip(message)}."
+            f"{hint} Nothing more was sent; rerun the same command once it is fixed."
+        )

@@ -14,6 +14,7 @@ A pinned mode the server rejects raises :class:`~spasm.errors.StructuredOutputRe
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from spasm.config import BackendConfig
 from spasm.errors import (
     BackendError,
     ConnectionBackendError,
+    EmptyCompletionError,
     FatalBackendError,
     MalformedResponseError,
     RateLimitedError,
@@ -39,6 +41,11 @@ from spasm.errors import (
 )
 
 __all__ = ["OpenAIBackend", "resolve_api_key"]
+
+log = logging.getLogger("spasm")
+
+#: The one message of the start-up chat check (:meth:`OpenAIBackend.preflight`).
+PREFLIGHT_PROMPT = "spasm preflight: reply with one word."
 
 #: Statuses with which servers refuse a request format they do not take (llama.cpp's server
 #: answers a json_schema ``response_format`` with a 500).
@@ -165,25 +172,57 @@ class OpenAIBackend(Backend):
         return list(self._steps)
 
     async def preflight(self) -> None:
-        """Fail fast, before any file is written, if the endpoint cannot be reached."""
+        """Fail fast, before any file is written: the endpoint answers, accepts the key, knows
+        the model and returns an OpenAI chat completion (one 1-token chat call, not logged).
+
+        A 4xx or a body that is not a chat completion is a :class:`UserError` quoting the
+        server's status and message; a 5xx or a timeout only warns (the run's retries handle
+        a server that is having a bad moment).
+        """
+        client = self._client.with_options(timeout=min(10.0, self.cfg.timeout_s))
         try:
-            await self._client.with_options(timeout=min(10.0, self.cfg.timeout_s)).models.list()
+            await client.models.list()
         except openai.AuthenticationError:
-            where = (
-                f"the key in ${self.cfg.api_key_env}" if self.cfg.api_key_env
-                else "the request: it sends no key; name the variable that holds one with api_key_env"
-            )
-            raise UserError(
-                f"Backend {self.name!r} at {self.cfg.base_url} rejected {where}. "
-                "Check the key and the base_url."
-            ) from None
+            raise UserError(self._key_message()) from None
         except openai.APIConnectionError as exc:
             raise UserError(
                 f"Backend {self.name!r}: cannot connect to {self.cfg.base_url} "
                 f"({exc.__cause__ or exc}). Is the server running and the URL right?"
             ) from None
-        except openai.APIStatusError:
-            pass  # reachable; some servers do not implement /models
+        except Exception:  # /models is optional (absent, an HTML page, odd JSON):
+            pass  # the endpoint is reachable; the chat call below decides whether it works
+        await self._preflight_chat()
+
+    def _key_message(self) -> str:
+        where = (
+            f"the key in ${self.cfg.api_key_env}" if self.cfg.api_key_env
+            else "the request: it sends no key; name the variable that holds one with api_key_env"
+        )
+        return (f"Backend {self.name!r} at {self.cfg.base_url} rejected {where}. "
+                "Check the key and the base_url.")
+
+    async def _preflight_chat(self) -> None:
+        body = {"model": self.model, "max_tokens": 1, "temperature": 0.0,
+                "messages": [{"role": "user", "content": PREFLIGHT_PROMPT}]}
+        where = f"Backend {self.name!r} ({self.cfg.base_url}, model {self.model!r})"
+        try:
+            await self._send(body)
+        except FatalBackendError as exc:
+            if exc.status in (401, 403):
+                raise UserError(self._key_message()) from None
+            hint = (" Check base_url (an OpenAI-compatible server's usually ends in /v1) and the "
+                    "model name." if exc.status == 404 else "")
+            raise UserError(f"{where} refused a test chat call: {exc}.{hint}") from None
+        except MalformedResponseError as exc:
+            raise UserError(
+                f"{where} does not answer like an OpenAI-compatible server ({exc}). Check "
+                "base_url: it should point at the API (e.g. http://host:8000/v1), not a web page."
+            ) from None
+        except ConnectionBackendError as exc:
+            raise UserError(f"{where}: cannot connect ({exc}). Is the server running?") from None
+        except (TransientBackendError, EmptyCompletionError) as exc:
+            log.warning("%s: the test chat call failed (%s); starting anyway, calls are retried",
+                        where, exc)
 
     # -- sending -------------------------------------------------------------------------
     def _body(self, request: ChatRequest, transport: Transport | None) -> dict[str, Any]:

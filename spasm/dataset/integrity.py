@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 __all__ = ["Damage", "find_damage", "part_record"]
@@ -64,14 +63,14 @@ def _marker(path: Path) -> dict[str, Any] | None:
 def _check(path: Path, expected: dict[str, Any]) -> str | None:
     if not path.exists():
         return "missing"
-    try:
-        rows = pq.ParquetFile(path).metadata.num_rows
-    except (OSError, pa.ArrowException) as exc:
-        return f"not readable as Parquet ({exc})"
-    if rows != expected.get("rows"):
-        return f"{rows} rows, {expected.get('rows')} committed"
     if _sha256(path) != expected.get("sha256"):
         return "contents differ from what was committed (checksum mismatch)"
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except Exception as exc:  # pyarrow raises many unrelated types for a bad file
+        return f"not readable as Parquet ({type(exc).__name__})"
+    if rows != expected.get("rows"):
+        return f"{rows} rows, {expected.get('rows')} committed"
     return None
 
 
