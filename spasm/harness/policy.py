@@ -7,10 +7,11 @@ model returns. An LLM extraction (structured output, role ``policy``) then enric
 values, decision policies, speech patterns and character-specific boundaries. When that call
 returns nothing usable, the baseline alone is used and the fallback is counted.
 
-The policy is extracted once per persona: :func:`extract_client_policy` is what
-:func:`spasm.personas.build_personas` calls to store it with the persona (``policy`` and
-``policy_version`` columns); :class:`PolicyBook` extracts lazily, once per run, for personas
-stored without one and for the Responder's role.
+There is one extraction path, through the run's :class:`PolicyBook` (once per run and
+description, seeded by what is compiled): :func:`client_policy` is what the engine hands the
+persona pipeline to store each persona's policy with it (``policy`` and ``policy_version``
+columns), and what a harnessed agent uses for a persona stored without one; the Responder's
+role goes through the same book.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import anyio
 from pydantic import Field
 
+from spasm.agents import derive_seed
 from spasm.harness._types import Lines5, Lines8, Lines10, Reply
 from spasm.projection import Message
 
@@ -38,7 +40,7 @@ __all__ = [
     "PolicyBook",
     "baseline_client_policy",
     "baseline_responder_policy",
-    "extract_client_policy",
+    "client_policy",
     "extraction_messages",
     "merge_policies",
 ]
@@ -220,7 +222,7 @@ async def _extract(
     )
 
 
-async def extract_client_policy(
+async def client_policy(
     caller: Caller,
     backend: str,
     persona: dict[str, Any],
@@ -228,18 +230,23 @@ async def extract_client_policy(
     scope: CallScope,
     *,
     temperature: float = 0.3,
-    seed: int | None = None,
-) -> tuple[CharacterPolicy, bool]:
-    """The Client's policy: baseline + LLM extraction. Returns ``(policy, fell_back)``."""
+) -> tuple[CharacterPolicy, bool, bool]:
+    """The Client's policy, the one extraction path: baseline + LLM extraction through the
+    run's :class:`PolicyBook`, seeded by what is compiled (the persona), so the persona pipeline
+    and a harnessed agent that finds no stored policy extract the same thing, once.
+
+    Returns ``(policy, fell_back, extracted_now)``; a failed extraction falls back to the
+    baseline, which is a usable policy.
+    """
     from spasm.errors import BackendError
 
+    key = ("client", str(persona["persona_id"]))
     baseline = baseline_client_policy(persona, responder_role)
     try:
-        extracted = await _extract(caller, backend, persona["card"], scope, temperature, seed)
+        return await PolicyBook.get(caller, backend, key, baseline, str(persona["card"]), scope,
+                                    temperature=temperature, seed=derive_seed("policy", *key))
     except BackendError:
-        # A failed extraction must not lose the persona: the baseline is a usable policy.
-        extracted = None
-    return merge_policies(baseline, extracted), extracted is None
+        return baseline, True, True
 
 
 def parse_stored_policy(persona: dict[str, Any]) -> CharacterPolicy | None:

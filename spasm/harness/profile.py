@@ -19,6 +19,7 @@ from spasm.harness.policy import (
     PolicyBook,
     baseline_client_policy,
     baseline_responder_policy,
+    client_policy,
     parse_stored_policy,
 )
 from spasm.history import History, Speaker, Utterance
@@ -102,21 +103,24 @@ async def resolve_policy(
         stored = parse_stored_policy(persona)
         if stored is not None:
             return stored, 0
-        key = ("client", str(persona.get("persona_id")))
-        baseline = baseline_client_policy(persona, profile.role)
-        description = str(persona["card"])
-    else:
-        instructions = config.dialogue.responder_instructions
-        key = ("responder", profile.role)
-        baseline = baseline_responder_policy(profile.role, instructions)
-        description = responder_system_prompt(profile.role, instructions)
+        if not hc.extract_policy:
+            return baseline_client_policy(persona, profile.role), 0
+        policy, fell_back, extracted_now = await client_policy(
+            session.caller, profile.backend, persona, profile.role, session.scope,
+            temperature=hc.temperature,
+        )
+        return policy, int(fell_back and extracted_now)
+    instructions = config.dialogue.responder_instructions
+    key = ("responder", profile.role)
+    baseline = baseline_responder_policy(profile.role, instructions)
     if not hc.extract_policy:
         return baseline, 0
     try:
         # The seed depends on what is compiled, not on the dialogue that happens to ask
         # first: concurrent runs must extract the same policy.
         policy, fell_back, extracted_now = await PolicyBook.get(
-            session.caller, profile.backend, key, baseline, description, session.scope,
+            session.caller, profile.backend, key, baseline,
+            responder_system_prompt(profile.role, instructions), session.scope,
             temperature=hc.temperature, seed=derive_seed("policy", *key),
         )
     except BackendError:

@@ -5,21 +5,29 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spasm.errors import ConfigError
+import anyio
+
+from spasm.errors import BackendError, ConfigError
 from spasm.personas.crafter import render_card, rewrite_messages
 from spasm.personas.sampler import candidates, sample_candidate
 from spasm.personas.schema import PersonaSchema, load_schema
 from spasm.personas.validator import Verdict, llm_validation_messages, rule_violations
 
 if TYPE_CHECKING:
-    from spasm.calls import Caller
+    from spasm.calls import Caller, CallScope
+
+#: Compiles an accepted persona (its fields, card and id) into its policy:
+#: ``(policy JSON, policy version, fell back)``.
+PolicyCompiler = Callable[[dict[str, Any], "CallScope"], Awaitable[tuple[str, str, bool]]]
 
 __all__ = [
     "PersonaSchema",
     "PersonaSet",
+    "PolicyCompiler",
     "build_personas",
     "load_schema",
     "render_card",
@@ -57,23 +65,19 @@ async def build_personas(
     validator_temperature: float = 0.3,
     crafter_temperature: float = 0.7,
     max_draws_per_persona: int = 200,
-    extract_policy: bool = False,
-    responder_role: str = "customer-service agent",
-    policy_temperature: float = 0.3,
+    compile_policy: PolicyCompiler | None = None,
 ) -> PersonaSet:
     """Draw candidates until ``n`` pass the rules (and the LLM check, if on); craft their cards.
 
-    With ``extract_policy`` each accepted persona's card is also compiled into a
-    :class:`~spasm.harness.policy.CharacterPolicy` (SPEC §4.1), stored as the ``policy`` JSON
-    column with its ``policy_version``; an unusable extraction stores the baseline policy
-    derived from the fields and counts in ``llm_fallbacks``.
+    With ``compile_policy`` each accepted persona's card is also compiled into its policy
+    (SPEC §4.1), stored as the ``policy`` JSON column with its ``policy_version``; the engine
+    passes the harness's one extraction path (:func:`spasm.harness.policy.client_policy`), so
+    this package knows nothing of the harness.
     """
     from spasm.calls import CallScope
 
-    if (llm_validate or llm_craft or extract_policy) and (caller is None or backend is None):
-        raise ConfigError(
-            "LLM validation, crafting or policy extraction needs a backend (personas.backend)"
-        )
+    if (llm_validate or llm_craft) and (caller is None or backend is None):
+        raise ConfigError("LLM validation or crafting needs a backend (personas.backend)")
     out = PersonaSet()
     max_draws = n * max_draws_per_persona
     reasons: Counter[str] = Counter()
@@ -89,6 +93,10 @@ async def build_personas(
             )
         fields = next(stream)
         draws += 1
+        if draws % 256 == 0:
+            # Sampling is CPU-bound: give the event loop a moment so Ctrl-C and SIGTERM (which
+            # cancel the running task) take effect at once, not after the last persona.
+            await anyio.sleep(0)
         verdicts: list[dict[str, Any]] = []
         violations = rule_violations(schema, fields)
         if violations:
@@ -131,21 +139,16 @@ async def build_personas(
             try:
                 completion = await caller.complete("crafter", backend, req, scope)
                 card, source = completion.text.strip(), "llm"
-            except Exception as exc:
+            except BackendError as exc:
                 out.llm_fallbacks += 1
                 verdicts.append({"stage": "crafter", "valid": True,
                                  "reason": f"rewrite failed ({type(exc).__name__}); template kept"})
         policy: dict[str, Any] = {}
-        if extract_policy:
-            from spasm.harness.policy import POLICY_VERSION, extract_client_policy
-
-            assert caller is not None and backend is not None
-            compiled, fell_back = await extract_client_policy(
-                caller, backend, {**fields, "card": card}, responder_role, scope,
-                temperature=policy_temperature, seed=seed + draws,
-            )
+        if compile_policy is not None:
+            compiled, version, fell_back = await compile_policy(
+                {**fields, "card": card, "persona_id": pid}, scope)
             out.llm_fallbacks += fell_back
-            policy = {"policy": compiled.to_json(), "policy_version": POLICY_VERSION}
+            policy = {"policy": compiled, "policy_version": version}
         out.accepted.append(
             {
                 "persona_id": pid,
