@@ -1,0 +1,104 @@
+"""Level E's tokens against level A's at several dialogue lengths, at a scripted checker profile.
+
+For each length L (utterances) it runs one sweep ``harness.levels: [A, E]`` through
+:class:`spasm.engine.Engine` against the loopback test server, whose replies come from
+:class:`spasm.testing.checker_profile.CheckerProfile` (the checker passes ``--first-pass`` of the
+drafts, ``--after-rewrite`` of the turns after one rewrite, flags the rest; everything else is
+the server's default reply). Termination rules are off, so every dialogue has exactly L
+utterances; the same personas and seeds run at both levels. It then reads the run's
+``harness_report.json`` (:func:`spasm.harness.report.level_report`) and prints, per L, E's
+ratio of summed tokens to A's (raw: prompt + completion tokens the server reported; measurement
+and one-off policy calls excluded) and the cache-adjusted ratio (cached prompt tokens billed at
+``1 - --cache-discount``), with the checker outcomes and calls per role::
+
+    .venv/bin/python benchmarks/harness_cost.py                        # L = 10 20 50 100
+    .venv/bin/python benchmarks/harness_cost.py --lengths 50 --personas 4 --json /tmp/cost.json
+
+The test server counts a token per whitespace-separated word (+4 per message) and reports no
+cached tokens; the cached share is spasm's own estimate (``turns.cached_prompt_tokens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pandas as pd
+
+from spasm.config import parse_config
+from spasm.engine import Engine
+from spasm.harness.report import level_report
+from spasm.testing import TestServer
+from spasm.testing.checker_profile import CheckerProfile
+
+
+def sweep_config(base_url: str, utterances: int, personas: int, seed: int, **harness: Any) -> Any:
+    """A run of both levels, ``utterances`` long, against one endpoint."""
+    return parse_config({
+        "name": f"cost-{utterances}", "seed": seed,
+        "personas": {"n": personas}, "conditions": ["ecp"],
+        "backends": {"srv": {"kind": "openai", "base_url": base_url, "model": "m",
+                             "max_concurrency": 32}},
+        "pairings": [{"client": "srv", "responder": "srv"}],
+        "dialogue": {"max_turns_per_agent": max(1, utterances // 2), "max_tokens": 60},
+        "termination": {"rules": False},
+        "engine": {"cache": False},
+        "harness": {"levels": ["A", "E"], **harness},
+    })
+
+
+def measure(utterances: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """One sweep at one length; E's ratios and what the checker did."""
+    profile = CheckerProfile(args.first_pass, args.after_rewrite, seed=args.seed)
+    run = workdir / f"L{utterances}"
+    with TestServer(reply=profile) as srv:
+        config = sweep_config(srv.base_url, utterances, args.personas, args.seed)
+        start = time.perf_counter()
+        summary = anyio.run(Engine(config, run, progress=False, sleep_scale=0.0).run)
+        wall = time.perf_counter() - start
+    if summary.completed != summary.planned:
+        raise SystemExit(f"L={utterances}: {summary.line()}")
+    report = level_report(run, cache_discount=args.cache_discount)
+    ratio = report["token_ratio_vs_A"]["E"]
+    calls = pd.read_parquet(run / "calls.parquet")
+    dialogues = pd.read_parquet(run / "dialogues.parquet")
+    level = calls.dialogue_id.map(dialogues.set_index("dialogue_id").harness_level)
+    roles = calls[level == "E"].role.value_counts().to_dict()
+    return {
+        "utterances": utterances, "pairs": ratio["pairs"],
+        "raw_ratio": ratio["ratio_of_sums"], "cache_adjusted_ratio": ratio["cache_adjusted_ratio"],
+        "checker": dict(profile.counts), "calls_per_role_E": roles, "wall_s": round(wall, 1),
+    }
+
+
+def main() -> None:
+    """Measure every length and print the table."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[10, 20, 50, 100])
+    ap.add_argument("--personas", type=int, default=3)
+    ap.add_argument("--first-pass", type=float, default=0.85)
+    ap.add_argument("--after-rewrite", type=float, default=0.12)
+    ap.add_argument("--cache-discount", type=float, default=0.5,
+                    help="share of a cached prompt token's price the provider waives")
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.lengths:
+            rows.append(measure(n, args, Path(tmp)))
+            r = rows[-1]
+            print(f"L={n:>3}  E/A raw {r['raw_ratio']:.3f}  cache-adjusted "
+                  f"{r['cache_adjusted_ratio']:.3f}  pairs {r['pairs']}  checker {r['checker']}  "
+                  f"E calls {r['calls_per_role_E']}  ({r['wall_s']} s)", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The scripted checker profile: the harness's checker passes drafts and rewrites at set rates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pandas as pd
+import pytest
+
+from spasm.engine import Engine
+from spasm.testing import TestServer
+from spasm.testing.checker_profile import CheckerProfile, is_checker_request
+from tests.conftest import config_from, endpoint_config
+
+
+def _check_body(turn: str, candidate: str) -> dict[str, Any]:
+    schema = {"title": "CheckerOutput", "type": "object"}
+    return {
+        "messages": [{"role": "system", "content": "You review one message."},
+                     {"role": "user", "content": f"{turn}\n\nMessage to review: {candidate}"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    }
+
+
+def _passes(profile: CheckerProfile, turn: str, candidate: str) -> bool:
+    body = _check_body(turn, candidate)
+    assert is_checker_request(body)
+    reply = json.loads(profile(body))
+    return bool(reply["dimension_scores"]["boundary"] >= 90)
+
+
+def test_the_profile_passes_drafts_and_rewrites_at_its_rates_by_seed() -> None:
+    profile = CheckerProfile(0.85, 0.12, seed=5)
+    outcomes = []
+    for i in range(3000):
+        turn = f"The other person just said: line {i}"
+        if _passes(profile, turn, "draft"):
+            outcomes.append("first")
+        else:
+            outcomes.append("rewrite" if _passes(profile, turn, "rewrite") else "flagged")
+    shares = {k: outcomes.count(k) / len(outcomes) for k in ("first", "rewrite", "flagged")}
+    assert shares["first"] == pytest.approx(0.85, abs=0.02)
+    assert shares["rewrite"] == pytest.approx(0.12, abs=0.02)
+    assert shares["flagged"] == pytest.approx(0.03, abs=0.01)
+    assert profile.counts["first_pass"] == outcomes.count("first")
+    # Same seed, same outcomes; another seed draws others.
+    again = CheckerProfile(0.85, 0.12, seed=5)
+    other = CheckerProfile(0.85, 0.12, seed=6)
+    turns = [f"The other person just said: line {i}" for i in range(200)]
+    assert [again.outcome(t) for t in turns] == [profile.outcome(t) for t in turns]
+    assert [other.outcome(t) for t in turns] != [profile.outcome(t) for t in turns]
+
+
+def test_the_profile_rejects_rates_over_one() -> None:
+    with pytest.raises(ValueError):
+        CheckerProfile(0.9, 0.2)
+
+
+def _run(tmp: Path, seed: int) -> tuple[pd.DataFrame, CheckerProfile]:
+    profile = CheckerProfile(0.7, 0.2, seed=seed)
+    with TestServer(reply=profile) as srv:
+        config = endpoint_config(
+            srv.base_url, personas={"n": 2}, dialogue={"max_turns_per_agent": 5, "max_tokens": 40},
+            termination={"rules": False}, harness={"client": "E", "responder": "E"},
+        )
+        summary = anyio.run(Engine(config_from(config), tmp, progress=False, sleep_scale=0.0).run)
+    assert summary.completed == summary.planned
+    turns = pd.read_parquet(tmp / "turns.parquet").sort_values(["dialogue_id", "turn_index"])
+    return turns, profile
+
+
+def test_a_harness_run_on_the_profile_rewrites_and_flags_the_turns_it_drew(tmp_path: Path) -> None:
+    turns, profile = _run(tmp_path / "a", seed=1)
+    # Every turn's draft reached the checker model (no code screen fired on the scripted text).
+    assert len(turns) == 20
+    assert profile.counts["first_pass"] + profile.counts["after_rewrite"] + profile.counts["flagged"] == 20
+    assert int((turns.attempts == 1).sum()) == profile.counts["first_pass"]
+    assert int((turns.attempts == 2).sum()) == profile.counts["after_rewrite"] + profile.counts["flagged"]
+    assert int(turns.flagged.sum()) == profile.counts["flagged"]
+    assert profile.counts["after_rewrite"] > 0 and profile.counts["flagged"] > 0  # seed 1 draws both
+    assert profile.counts["checks"] == 20 + int((turns.attempts == 2).sum())
+    again, _ = _run(tmp_path / "b", seed=1)
+    assert again.attempts.tolist() == turns.attempts.tolist()
+    assert again.flagged.tolist() == turns.flagged.tolist()
