@@ -70,7 +70,11 @@ def test_dry_run_is_within_25_percent_of_the_real_run_at_every_level(tmp_path: P
     spent = _spent(run)
     assert len(spent) and spent.harness_level.notna().all()
     real = spent.groupby("harness_level").total.sum()
-    real_calls = spent.groupby("harness_level").size()
+    # Calls are counted with cache hits: which of two identical requests from dialogues in
+    # flight together reaches the server first (and which replays it) is a matter of timing.
+    every = pd.read_parquet(run / "calls.parquet").merge(
+        pd.read_parquet(run / "dialogues.parquet")[["dialogue_id", "harness_level"]], on="dialogue_id")
+    real_calls = every.groupby("harness_level").size()
     estimated = {e.key[1]: e for e in dry.levels}
     assert sorted(estimated) == sorted(real.index) == ["A", "B", "C", "D", "E"]
     for level, e in estimated.items():

@@ -17,6 +17,7 @@ import pytest
 
 from spasm.agents import PlainAgent, TurnAgent, client_system_prompt, derive_seed
 from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.instances import instance_from_schema
 from spasm.calls import Caller, CallScope
 from spasm.config import BackendConfig, parse_config
 from spasm.harness.runtime import HarnessedAgent
@@ -24,7 +25,6 @@ from spasm.history import History
 from spasm.projection import Message, Viewer, project
 from spasm.session import DialogueSession, PrefixTracker
 from spasm.simulation import DialogueSpec, build_agents
-from spasm.testing.server import instance_from_schema
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 

@@ -115,7 +115,7 @@ class ScriptedBackend(Backend):
         return max(1, min(request.max_tokens, n))
 
     def _structured(self, schema: dict[str, Any]) -> str:
-        from spasm.testing.server import instance_from_schema
+        from spasm.backends.instances import instance_from_schema
 
         value = instance_from_schema(schema)
         if isinstance(value, dict):
