@@ -228,6 +228,9 @@ class RunConfig(_Strict):
     termination: TerminationConfig = TerminationConfig()
     engine: EngineConfig = EngineConfig()
     harness: HarnessConfig = HarnessConfig()
+    #: The dataset's license for export cards (a Hub id such as ``cc-by-4.0``); not part of
+    #: what determines the data, so changing it never blocks a resume.
+    license: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9.+_-]+$")
 
     @field_validator("conditions")
     @classmethod
@@ -297,6 +300,7 @@ class RunConfig(_Strict):
         data = self.redacted()
         # Engine knobs change speed and caps, not content, so a resume may change them.
         data.pop("engine", None)
+        data.pop("license", None)
         for b in data["backends"].values():
             # structured_output is a transport detail (what is cached is the request itself).
             for k in ("max_concurrency", "rpm", "tpm", "timeout_s", "max_attempts", "n_threads",

@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from spasm.dataset.integrity import find_damage
 from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Row, arrow_schema
@@ -239,8 +240,26 @@ class Run:
     def batches(
         self, table: str, *, columns: list[str] | None = None, batch_size: int = 65_536
     ) -> Iterator[pa.RecordBatch]:
-        """Iterate a table in record batches (bounded memory however large the run)."""
-        yield from self._dataset(table).to_batches(columns=columns, batch_size=batch_size)
+        """Iterate a table in record batches (bounded memory however large the run).
+
+        Files are read one after the other with ``ParquetFile.iter_batches``, which holds about
+        one row group at a time; pyarrow's dataset scanner reads several ahead (a few hundred
+        MiB more on a large run). Columns a file lacks (an older version) are left out of its
+        batches, not filled."""
+        files = self._files(table)
+        if not files:
+            self._dataset(table)  # raises the "no such table" UserError
+        for path in files:
+            try:
+                parquet = pq.ParquetFile(path)
+                names = parquet.schema_arrow.names
+                wanted = None if columns is None else [c for c in columns if c in names]
+                yield from parquet.iter_batches(batch_size=batch_size, columns=wanted)
+            except FileNotFoundError:
+                raise UserError(f"{self.dir} is changing under the reader (a part was replaced); "
+                                "read it when the run has finished.") from None
+            except (OSError, pa.ArrowException) as exc:
+                raise UserError(f"Cannot read {path} ({exc}); is a part damaged?") from None
 
     @property
     def personas(self) -> pd.DataFrame:
