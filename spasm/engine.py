@@ -11,17 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import shutil
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +26,11 @@ import anyio
 import anyio.to_thread
 from tqdm import tqdm
 
-from spasm.agents import derive_seed
-from spasm.backends import Backend, make_backend
+from spasm.backends import Backend
 from spasm.calls import Cache, Caller, CallScope
 from spasm.config import RunConfig
 from spasm.dataset.files import atomic_write_json as write_json
 from spasm.dataset.lock import LOCK_FILE, RunLock
-from spasm.dataset.rows import SCHEMA_VERSION
 from spasm.dataset.store import RunStore
 from spasm.errors import (
     BudgetExceededError,
@@ -46,118 +41,16 @@ from spasm.errors import (
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
 from spasm.executors.shards import Shard, resume_check
 from spasm.personas import PersonaSet, PolicyCompiler, build_personas, load_schema
+from spasm.runplan import config_differences, make_backends, plan
 from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
-from spasm.tokens import counter_source
+from spasm.summary import RunSummary, manifest_record, progress_lines
+
+__all__ = ["TABLES", "Engine", "RunSummary", "config_differences", "make_backends", "plan"]
 
 log = logging.getLogger("spasm")
 
 #: The tables every finished run has (possibly empty).
 TABLES = ("personas", "persona_rejections", "dialogues", "turns", "calls", "errors")
-
-
-@dataclass
-class RunSummary:
-    """What a run (or one pass of a resumed run) did."""
-
-    run_dir: Path
-    planned: int = 0
-    completed: int = 0
-    new: int = 0
-    errors: int = 0
-    error_types: Counter[str] = field(default_factory=Counter)
-    terminations: Counter[str] = field(default_factory=Counter)
-    stopped: str | None = None
-    elapsed_s: float = 0.0
-    usage: dict[str, Any] = field(default_factory=dict)
-    #: Harness calls that fell back this pass (the sum of the turns' ``harness_fallbacks``).
-    harness_fallbacks: int = 0
-    #: Per ``harness_level``: fallbacks, and harness structured replies that parsed.
-    level_fallbacks: Counter[str] = field(default_factory=Counter)
-    level_parsed: Counter[str] = field(default_factory=Counter)
-    #: Why the run failed although it may have finished (the manifest says ``failed``).
-    failed: str | None = None
-
-    def add(self, result: DialogueResult, parsed: Counter[str]) -> bool:
-        """Count one dialogue's result (``parsed``: its structured replies that parsed, by
-        role); ``True`` when it completed, ``False`` when it was quarantined."""
-        if result.error is not None:
-            self.errors += 1
-            self.error_types[result.error.error_type] += 1
-            return False
-        assert result.dialogue is not None
-        self.new += 1
-        self.completed += 1
-        self.terminations[result.dialogue.termination_reason] += 1
-        level = result.dialogue.harness_level
-        fallbacks = sum(t.harness_fallbacks for t in result.turns)
-        self.harness_fallbacks += fallbacks
-        self.level_fallbacks[level] += fallbacks
-        # The termination judge is structured too, but not a harness layer.
-        self.level_parsed[level] += sum(n for role, n in parsed.items() if role != "judge")
-        return True
-
-    def fallback_failure(self) -> str | None:
-        """The error for harness levels whose structured calls all fell back, if any."""
-        dead = [lv for lv, n in sorted(self.level_fallbacks.items()) if n and not self.level_parsed[lv]]
-        if not dead:
-            return None
-        which = ", ".join(f"{lv} ({self.level_fallbacks[lv]} fallbacks)" for lv in dead)
-        return (
-            f"every structured harness call fell back at harness level {which}: not one reply "
-            "parsed, so those dialogues ran without the layers they test. See the calls table "
-            "(outcomes invalid_output and errors); try another structured_output mode for the "
-            "backend, or a model that can follow a JSON schema."
-        )
-
-    def line(self) -> str:
-        """The one-line summary the CLI prints."""
-        parts = [f"{self.completed}/{self.planned} dialogues"]
-        if self.new != self.completed:
-            parts.append(f"{self.new} new")
-        if self.terminations:
-            ended = ", ".join(f"{k} ×{v}" for k, v in sorted(self.terminations.items()))
-            parts.append(f"ended by {ended}")
-        if self.errors:
-            why = ", ".join(f"{k} {v}" for k, v in self.error_types.most_common())
-            parts.append(f"{self.errors} quarantined ({why})")
-        tokens = self.usage.get("total_tokens", 0)
-        parts.append(f"{tokens:,} tokens")
-        cost = self.usage.get("cost", 0.0)
-        if cost:
-            parts.append(f"cost {cost:.4f}")
-        parts.append(f"{self.elapsed_s:.1f}s")
-        if self.harness_fallbacks:
-            parts.append(f"{self.harness_fallbacks} harness fallbacks")
-        if self.stopped:
-            parts.append(f"STOPPED: {self.stopped}")
-        if self.failed:
-            parts.append(f"FAILED: {self.failed}")
-        return "; ".join(parts)
-
-
-def _version(pkg: str) -> str:
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-class _ProgressLines:
-    """Periodic one-line progress reports for runs whose output is not a terminal."""
-
-    def __init__(self, *, enabled: bool, every_s: float = 30.0) -> None:
-        self.enabled = enabled
-        self.every_s = every_s
-        self._last = time.monotonic()
-
-    def tick(self, summary: RunSummary, caller: Caller) -> None:
-        now = time.monotonic()
-        if not self.enabled or now - self._last < self.every_s:
-            return
-        self._last = now
-        print(f"[spasm] {summary.completed:,}/{summary.planned:,} dialogues, "
-              f"{summary.errors} quarantined, {caller.usage.total_tokens:,} tokens, "
-              f"cost {caller.usage.cost:.4f}", file=sys.stderr, flush=True)
 
 
 def _prune_resolved_errors(store: RunStore) -> None:
@@ -170,60 +63,6 @@ def _prune_resolved_errors(store: RunStore) -> None:
     kept = [r for r in errors.to_pylist() if r["dialogue_id"] not in done]
     if len(kept) < errors.num_rows:
         store.replace_table("errors", kept)
-
-
-def config_differences(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str:
-    """The dotted config fields that differ between two resolved configs, for messages."""
-    out: list[str] = []
-
-    def walk(a: Any, b: Any, path: str) -> None:
-        if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b)):
-                walk(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
-        elif a != b:
-            out.append(f"{path or 'config'}: {json.dumps(a, default=str)[:40]} → "
-                       f"{json.dumps(b, default=str)[:40]}")
-
-    walk(old, new, prefix)
-    if not out:
-        return "the config format changed"
-    more = f" and {len(out) - limit} more" if len(out) > limit else ""
-    return "; ".join(out[:limit]) + more
-
-
-def plan(
-    config: RunConfig, personas: list[dict[str, Any]], shard: Shard | None = None
-) -> Iterator[DialogueSpec]:
-    """Every dialogue of the run, in a stable order. The seed depends on the persona and the
-    conversation index only, so every pairing, condition and harness level of a conversation
-    shares it. A harness sweep (``harness.levels``) adds one dialogue per level, with the level
-    at the end of its id; without a sweep ids are unchanged and both agents take their
-    configured level."""
-    h = config.harness
-    sweep: list[tuple[str, tuple[str, str]]] = (
-        [(f"-{level}", (level, level)) for level in h.levels] if h.levels else
-        [("", (h.client, h.responder))]
-    )
-    for persona in shard.select(personas) if shard is not None else personas:  # --shard I/N
-        for k in range(config.conversations_per_persona):
-            seed = derive_seed(config.seed, persona["persona_id"], k)
-            for pairing in config.pairing_list:
-                for condition in config.conditions:
-                    did = f"{persona['persona_id']}-k{k}-{pairing.client}-{pairing.responder}-{condition}"
-                    for suffix, levels in sweep:
-                        yield DialogueSpec(did + suffix, persona, k, condition, pairing, seed, levels)
-
-
-def make_backends(config: RunConfig) -> dict[str, Backend]:
-    """Build every backend the config uses (a missing key env var fails here, before any I/O)."""
-    used = {p.client for p in config.pairing_list} | {p.responder for p in config.pairing_list}
-    if config.personas.backend:
-        used.add(config.personas.backend)
-    if config.termination.judge_backend:
-        used.add(config.termination.judge_backend)
-    if config.harness.backend:
-        used.add(config.harness.backend)
-    return {name: make_backend(name, config.backends[name]) for name in sorted(used)}
 
 
 class Engine:
@@ -292,50 +131,10 @@ class Engine:
         return self.overwrite
 
     def _manifest(self, summary: RunSummary, caller: Caller, status: str, started: str) -> None:
-        write_json(
-            self.run_dir / "manifest.json",
-            {
-                "spasm_version": _version("spasm"),
-                "schema_version": SCHEMA_VERSION,
-                "status": status,
-                "name": self.config.name,
-                "seed": self.config.seed,
-                "shard": self._shard_record,
-                "started_at": started,
-                "updated_at": datetime.now(UTC).isoformat(),
-                "counts": {
-                    "planned": summary.planned,
-                    "completed": summary.completed,
-                    "new_this_pass": summary.new,
-                    "quarantined_this_pass": summary.errors,
-                    "terminations_this_pass": dict(summary.terminations),
-                    "errors_this_pass": dict(summary.error_types),
-                    "harness_fallbacks_this_pass": summary.harness_fallbacks,
-                    "harness_fallbacks_by_level": dict(summary.level_fallbacks),
-                },
-                "structured_output": {
-                    name: {"configured": caller.configs[name].structured_output,
-                           "mode": b.structured_mode, "rejected": b.structured_steps}
-                    for name, b in caller.backends.items()
-                },
-                "usage": {
-                    "by_role": caller.usage.by_role(),
-                    "total_tokens": caller.usage.total_tokens,
-                    "cost": caller.usage.cost,
-                    "cache_hits": caller.usage.cache_hits,
-                    "call_outcomes": dict(caller.usage.outcomes),
-                },
-                "timing": {"elapsed_s": summary.elapsed_s},
-                "stopped": summary.stopped,
-                "failed": summary.failed,
-                "versions": {
-                    "python": platform.python_version(),
-                    **{p: _version(p) for p in ("openai", "pyarrow", "pydantic", "llama-cpp-python")},
-                },
-                "token_counter": counter_source(),
-                "tables": list(TABLES),
-            },
-        )
+        write_json(self.run_dir / "manifest.json", manifest_record(
+            summary, caller, self.config, status=status, started=started,
+            shard=self._shard_record, tables=TABLES,
+        ))
 
     async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
         pc = self.config.personas
@@ -533,7 +332,7 @@ class Engine:
             dynamic_ncols=True,
         )
         # Without a terminal (a scheduler's log file) the bar is off: print a line now and then.
-        lines = _ProgressLines(enabled=self.progress is None and not sys.stderr.isatty())
+        lines = progress_lines(enabled=self.progress is None and not sys.stderr.isatty())
 
         async def flush() -> None:
             nonlocal batch_no

@@ -1,0 +1,186 @@
+"""What a run reports: the :class:`RunSummary` of a pass, the manifest, progress lines.
+
+The summary is what the CLI prints (one line) and what the manifest's counts come from; the
+manifest is rewritten after every batch, so ``spasm status`` and a human reading it see live
+progress.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spasm.dataset.rows import SCHEMA_VERSION
+from spasm.tokens import counter_source
+
+if TYPE_CHECKING:
+    from spasm.calls import Caller
+    from spasm.config import RunConfig
+    from spasm.simulation import DialogueResult
+
+__all__ = ["RunSummary", "manifest_record", "progress_lines"]
+
+
+@dataclass
+class RunSummary:
+    """What a run (or one pass of a resumed run) did."""
+
+    run_dir: Path
+    planned: int = 0
+    completed: int = 0
+    new: int = 0
+    errors: int = 0
+    error_types: Counter[str] = field(default_factory=Counter)
+    terminations: Counter[str] = field(default_factory=Counter)
+    stopped: str | None = None
+    elapsed_s: float = 0.0
+    usage: dict[str, Any] = field(default_factory=dict)
+    #: Harness calls that fell back this pass (the sum of the turns' ``harness_fallbacks``).
+    harness_fallbacks: int = 0
+    #: Per ``harness_level``: fallbacks, and harness structured replies that parsed.
+    level_fallbacks: Counter[str] = field(default_factory=Counter)
+    level_parsed: Counter[str] = field(default_factory=Counter)
+    #: Why the run failed although it may have finished (the manifest says ``failed``).
+    failed: str | None = None
+
+    def add(self, result: DialogueResult, parsed: Counter[str]) -> bool:
+        """Count one dialogue's result (``parsed``: its structured replies that parsed, by
+        role); ``True`` when it completed, ``False`` when it was quarantined."""
+        if result.error is not None:
+            self.errors += 1
+            self.error_types[result.error.error_type] += 1
+            return False
+        assert result.dialogue is not None
+        self.new += 1
+        self.completed += 1
+        self.terminations[result.dialogue.termination_reason] += 1
+        level = result.dialogue.harness_level
+        fallbacks = sum(t.harness_fallbacks for t in result.turns)
+        self.harness_fallbacks += fallbacks
+        self.level_fallbacks[level] += fallbacks
+        # The termination judge is structured too, but not a harness layer.
+        self.level_parsed[level] += sum(n for role, n in parsed.items() if role != "judge")
+        return True
+
+    def fallback_failure(self) -> str | None:
+        """The error for harness levels whose structured calls all fell back, if any."""
+        dead = [lv for lv, n in sorted(self.level_fallbacks.items()) if n and not self.level_parsed[lv]]
+        if not dead:
+            return None
+        which = ", ".join(f"{lv} ({self.level_fallbacks[lv]} fallbacks)" for lv in dead)
+        return (
+            f"every structured harness call fell back at harness level {which}: not one reply "
+            "parsed, so those dialogues ran without the layers they test. See the calls table "
+            "(outcomes invalid_output and errors); try another structured_output mode for the "
+            "backend, or a model that can follow a JSON schema."
+        )
+
+    def line(self) -> str:
+        """The one-line summary the CLI prints."""
+        parts = [f"{self.completed}/{self.planned} dialogues"]
+        if self.new != self.completed:
+            parts.append(f"{self.new} new")
+        if self.terminations:
+            ended = ", ".join(f"{k} ×{v}" for k, v in sorted(self.terminations.items()))
+            parts.append(f"ended by {ended}")
+        if self.errors:
+            why = ", ".join(f"{k} {v}" for k, v in self.error_types.most_common())
+            parts.append(f"{self.errors} quarantined ({why})")
+        tokens = self.usage.get("total_tokens", 0)
+        parts.append(f"{tokens:,} tokens")
+        cost = self.usage.get("cost", 0.0)
+        if cost:
+            parts.append(f"cost {cost:.4f}")
+        parts.append(f"{self.elapsed_s:.1f}s")
+        if self.harness_fallbacks:
+            parts.append(f"{self.harness_fallbacks} harness fallbacks")
+        if self.stopped:
+            parts.append(f"STOPPED: {self.stopped}")
+        if self.failed:
+            parts.append(f"FAILED: {self.failed}")
+        return "; ".join(parts)
+
+
+def _version(pkg: str) -> str:
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+class ProgressLines:
+    """Periodic one-line progress reports for runs whose output is not a terminal."""
+
+    def __init__(self, *, enabled: bool, every_s: float = 30.0) -> None:
+        self.enabled = enabled
+        self.every_s = every_s
+        self._last = time.monotonic()
+
+    def tick(self, summary: RunSummary, caller: Caller) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self._last < self.every_s:
+            return
+        self._last = now
+        print(f"[spasm] {summary.completed:,}/{summary.planned:,} dialogues, "
+              f"{summary.errors} quarantined, {caller.usage.total_tokens:,} tokens, "
+              f"cost {caller.usage.cost:.4f}", file=sys.stderr, flush=True)
+
+
+def progress_lines(*, enabled: bool) -> ProgressLines:
+    """Periodic progress lines (on only when output is not a terminal)."""
+    return ProgressLines(enabled=enabled)
+
+
+def manifest_record(
+    summary: RunSummary, caller: Caller, config: RunConfig, *, status: str, started: str,
+    shard: dict[str, Any] | None, tables: tuple[str, ...],
+) -> dict[str, Any]:
+    """What manifest.json says of a run (or one pass of it)."""
+    return {
+        "spasm_version": _version("spasm"),
+        "schema_version": SCHEMA_VERSION,
+        "status": status,
+        "name": config.name,
+        "seed": config.seed,
+        "shard": shard,
+        "started_at": started,
+        "updated_at": datetime.now(UTC).isoformat(),
+        "counts": {
+            "planned": summary.planned,
+            "completed": summary.completed,
+            "new_this_pass": summary.new,
+            "quarantined_this_pass": summary.errors,
+            "terminations_this_pass": dict(summary.terminations),
+            "errors_this_pass": dict(summary.error_types),
+            "harness_fallbacks_this_pass": summary.harness_fallbacks,
+            "harness_fallbacks_by_level": dict(summary.level_fallbacks),
+        },
+        "structured_output": {
+            name: {"configured": caller.configs[name].structured_output,
+                   "mode": b.structured_mode, "rejected": b.structured_steps}
+            for name, b in caller.backends.items()
+        },
+        "usage": {
+            "by_role": caller.usage.by_role(),
+            "total_tokens": caller.usage.total_tokens,
+            "cost": caller.usage.cost,
+            "cache_hits": caller.usage.cache_hits,
+            "call_outcomes": dict(caller.usage.outcomes),
+        },
+        "timing": {"elapsed_s": summary.elapsed_s},
+        "stopped": summary.stopped,
+        "failed": summary.failed,
+        "versions": {
+            "python": platform.python_version(),
+            **{p: _version(p) for p in ("openai", "pyarrow", "pydantic", "llama-cpp-python")},
+        },
+        "token_counter": counter_source(),
+        "tables": list(tables),
+    }
