@@ -12,20 +12,25 @@ and one-off policy calls excluded) and the cache-adjusted ratio (cached prompt t
 ``1 - --cache-discount``), with the checker outcomes and calls per role::
 
     .venv/bin/python benchmarks/harness_cost.py                        # L = 10 20 50 100
+    .venv/bin/python benchmarks/harness_cost.py --variants now         # today's design only
     .venv/bin/python benchmarks/harness_cost.py --lengths 50 --personas 4 --json /tmp/cost.json
 
 The test server counts a token per whitespace-separated word (+4 per message) and reports no
 cached tokens; the cached share is spasm's own estimate (``turns.cached_prompt_tokens``).
+Each row of :data:`VARIANTS` switches design choices off (``before``) or on (``now``), so the
+table shows what each choice moved, on the same personas and seeds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import anyio
 import pandas as pd
@@ -52,14 +57,36 @@ def sweep_config(base_url: str, utterances: int, personas: int, seed: int, **har
     })
 
 
-def measure(utterances: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def _always(*_: object) -> bool:
+    return True
+
+
+#: Design choices that can be switched off to measure what each one moves.
+VARIANTS: dict[str, dict[str, Any]] = {
+    # The reducer called after every own turn (before the code screen of issue 13).
+    "before": {"spasm.harness.runtime.needs_reducer": _always},
+    # Today's design: no reducer call when nothing in the new turn touches the state.
+    "now": {},
+}
+
+
+def _patched(variant: str) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for target, value in VARIANTS[variant].items():
+        stack.enter_context(mock.patch(target, value))
+    return stack
+
+
+def measure(utterances: int, args: argparse.Namespace, workdir: Path,
+            variant: str = "now") -> dict[str, Any]:
     """One sweep at one length; E's ratios and what the checker did."""
     profile = CheckerProfile(args.first_pass, args.after_rewrite, seed=args.seed)
-    run = workdir / f"L{utterances}"
+    run = workdir / f"{variant}-L{utterances}"
     with TestServer(reply=profile) as srv:
         config = sweep_config(srv.base_url, utterances, args.personas, args.seed)
         start = time.perf_counter()
-        summary = anyio.run(Engine(config, run, progress=False, sleep_scale=0.0).run)
+        with _patched(variant):
+            summary = anyio.run(Engine(config, run, progress=False, sleep_scale=0.0).run)
         wall = time.perf_counter() - start
     if summary.completed != summary.planned:
         raise SystemExit(f"L={utterances}: {summary.line()}")
@@ -69,10 +96,14 @@ def measure(utterances: int, args: argparse.Namespace, workdir: Path) -> dict[st
     dialogues = pd.read_parquet(run / "dialogues.parquet")
     level = calls.dialogue_id.map(dialogues.set_index("dialogue_id").harness_level)
     roles = calls[level == "E"].role.value_counts().to_dict()
+    tokens = calls.assign(level=level, tokens=calls.prompt_tokens + calls.completion_tokens)
+    by_role = tokens.groupby(["level", "role"]).tokens.sum()
+    role_tokens = {f"{lv}:{role}": int(v) for (lv, role), v in by_role.items()}
     return {
-        "utterances": utterances, "pairs": ratio["pairs"],
+        "variant": variant, "utterances": utterances, "pairs": ratio["pairs"],
         "raw_ratio": ratio["ratio_of_sums"], "cache_adjusted_ratio": ratio["cache_adjusted_ratio"],
-        "checker": dict(profile.counts), "calls_per_role_E": roles, "wall_s": round(wall, 1),
+        "checker": dict(profile.counts), "calls_per_role_E": roles,
+        "tokens_per_level_role": role_tokens, "wall_s": round(wall, 1),
     }
 
 
@@ -86,14 +117,15 @@ def main() -> None:
     ap.add_argument("--cache-discount", type=float, default=0.5,
                     help="share of a cached prompt token's price the provider waives")
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in args.lengths:
-            rows.append(measure(n, args, Path(tmp)))
+        for variant, n in ((v, n) for v in args.variants for n in args.lengths):
+            rows.append(measure(n, args, Path(tmp), variant))
             r = rows[-1]
-            print(f"L={n:>3}  E/A raw {r['raw_ratio']:.3f}  cache-adjusted "
+            print(f"{variant:<8} L={n:>3}  E/A raw {r['raw_ratio']:.3f}  cache-adjusted "
                   f"{r['cache_adjusted_ratio']:.3f}  pairs {r['pairs']}  checker {r['checker']}  "
                   f"E calls {r['calls_per_role_E']}  ({r['wall_s']} s)", flush=True)
     if args.json:

@@ -11,6 +11,8 @@ import pandas as pd
 import pytest
 
 from spasm.engine import Engine
+from spasm.harness.state import StateUpdate, apply_update, initial_responder_state
+from spasm.harness.stimulus import needs_reducer, no_stimulus
 from spasm.testing import TestServer
 from spasm.testing.checker_profile import CheckerProfile, is_checker_request
 from tests.conftest import config_from, endpoint_config
@@ -85,3 +87,38 @@ def test_a_harness_run_on_the_profile_rewrites_and_flags_the_turns_it_drew(tmp_p
     again, _ = _run(tmp_path / "b", seed=1)
     assert again.attempts.tolist() == turns.attempts.tolist()
     assert again.flagged.tolist() == turns.flagged.tolist()
+
+
+def test_the_reducer_screen_calls_the_model_only_when_a_message_could_move_the_state() -> None:
+    assert not needs_reducer("You: Okay. I paid for express delivery.\nThe client: My number is 42.")
+    assert needs_reducer("The client: I am really worried about the bill.")
+    assert needs_reducer("The client: This is the third time!")
+    assert needs_reducer("The client: Thanks, that is sorted then.")
+
+
+def test_a_skipped_reduction_is_the_constraints_no_stimulus_step() -> None:
+    state = initial_responder_state("agent").with_values({"emotion.joy": 90, "relation.trust": 60})
+    lines = "You: Okay.\nThe client: My number is 42."
+    skipped = no_stimulus(state, lines)
+    asked = apply_update(state, StateUpdate(stimulus=False), lines)
+    assert skipped.state == asked.state and not skipped.fallback and not skipped.clips
+    # The extreme value decays by 10 toward 50 in code; the moderate one stays.
+    assert skipped.state.value("emotion.joy") == 80 and skipped.state.value("relation.trust") == 60
+    assert [c.dimension for c in skipped.decays] == ["emotion.joy"]
+
+
+def test_turns_without_a_cue_make_no_reducer_call(tmp_path: Path) -> None:
+    profile = CheckerProfile(1.0, 0.0, seed=3)
+    with TestServer(reply=profile) as srv:
+        config = endpoint_config(
+            srv.base_url, personas={"n": 1}, dialogue={"max_turns_per_agent": 8, "max_tokens": 40},
+            termination={"rules": False}, harness={"client": "C", "responder": "C"},
+        )
+        anyio.run(Engine(config_from(config), tmp_path, progress=False, sleep_scale=0.0).run)
+        reducer_inputs = [b["messages"][-1]["content"] for b in srv.requests
+                          if "You track the inner state" in str(b["messages"][0]["content"])]
+    turns = pd.read_parquet(tmp_path / "turns.parquet")
+    # Every turn after each agent's first has a reduction; some were decided in code.
+    assert 0 < len(reducer_inputs) < len(turns) - 2
+    assert all(needs_reducer(text.split("Latest messages:\n", 1)[1]) for text in reducer_inputs)
+    assert turns.state.notna().all()

@@ -26,7 +26,7 @@ class ChatRequest:
     #: Names the append-only stream this request continues (e.g. one agent of one dialogue),
     #: so a backend with a local KV cache can keep one per stream. It never changes the reply:
     #: it is left out of :meth:`params` and :meth:`cache_key`.
-    stream_key: str | None = None
+    stream_key: str | None = field(default=None, compare=False)
 
     def params(self) -> dict[str, Any]:
         """The sampling parameters, as logged in the call table."""

@@ -65,6 +65,7 @@ from spasm.harness.state import (
     reducer_messages,
     salient_items,
 )
+from spasm.harness.stimulus import needs_reducer, no_stimulus
 from spasm.harness.verify import Verified, check_candidate, verify, with_verdict
 from spasm.history import History, Speaker, Utterance
 from spasm.projection import Message
@@ -266,6 +267,10 @@ class HarnessedAgent:
         assert self.state is not None
         state = self.state
         lines = self.profile.lines(recent)
+        if not needs_reducer(lines, state):
+            # Nothing in the new turn can move the state: the constraints' no-stimulus step
+            # (decay), in code, instead of a call whose answer would be "no stimulus".
+            return no_stimulus(state, lines)
         msgs = reducer_messages(self.profile.name, state, lines)
 
         async def step() -> Reduction | None:

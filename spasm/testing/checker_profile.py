@@ -6,7 +6,7 @@ measured on it says little about the design. :class:`CheckerProfile` is a ``repl
 for :class:`~spasm.testing.server.TestServer` that answers checker calls at chosen rates
 (default: the design's 85% first time, 12% after one rewrite, 3% flagged), other structured
 calls as the server would (:func:`~spasm.testing.server.default_reply`) and free-text turns with
-a short first-person line chosen by hash. The server's default free text echoes the last
+a short first-person line chosen by a hash of the request's seed. The server's default free text echoes the last
 message, so a Client would echo the Responder's offers of help and fail the harness's code
 screen before the checker is asked, which would move the profile's rates::
 
@@ -16,7 +16,7 @@ screen before the checker is asked, which would move the profile's rates::
     profile.counts  # {"first_pass": …, "after_rewrite": …, "flagged": …}
 
 Which outcome a turn gets is decided by a hash of the profile's seed and the turn's checker
-prompt without the candidate (the policy, the state and what the partner said): deterministic
+prompt without the candidate and the state (the policy and what the partner said): deterministic
 for a seed, whatever the order in which concurrent dialogues reach the server. After a failed
 draft the turn waits for its rewrite: the next, different candidate with the same prompt.
 """
@@ -36,6 +36,7 @@ __all__ = ["CheckerProfile", "is_checker_request"]
 #: What the harness's checker asks for (``spasm.harness.checker.CheckerOutput``).
 CHECKER_TITLE = "CheckerOutput"
 _CANDIDATE = "Message to review:"
+_STATE = "Current state:"
 
 #: Free-text turns: neutral first-person lines no code screen objects to, of varied length.
 _LINES: tuple[str, ...] = (
@@ -72,11 +73,15 @@ def is_checker_request(body: dict[str, Any]) -> bool:
 
 
 def _split(body: dict[str, Any]) -> tuple[str, str]:
-    """(the turn's checker prompt without the candidate, the candidate)."""
-    parts = [f"{m.get('role')}:{m.get('content')}" for m in body.get("messages") or []]
-    blob = "\n".join(parts)
-    head, _, candidate = blob.rpartition(_CANDIDATE)
-    return (head, candidate) if head else (blob, "")
+    """(the turn's checker prompt without the candidate and the state, the candidate).
+
+    The state is left out so that a design change which moves the state (or shows it
+    differently) does not redraw every turn's outcome: the same turns pass or fail.
+    """
+    blocks = [b for m in body.get("messages") or [] for b in str(m.get("content")).split("\n\n")]
+    kept = [b for b in blocks if not b.startswith((_STATE, _CANDIDATE))]
+    candidate = next((b for b in reversed(blocks) if b.startswith(_CANDIDATE)), "")
+    return "\n\n".join(kept), candidate
 
 
 class CheckerProfile:
@@ -111,9 +116,9 @@ class CheckerProfile:
         if not is_checker_request(body):
             if body.get("response_format") is not None:
                 return default_reply(body)
-            messages = body.get("messages") or []
-            last = str(messages[-1].get("content")) if messages else ""
-            key = hashlib.blake2b(f"{self.seed}\x1f{body.get('seed')}\x1f{last}".encode(),
+            # By the request's seed only (spasm derives it from the dialogue, the turn and the
+            # speaker): a design change that alters the prompt keeps the same conversation.
+            key = hashlib.blake2b(f"{self.seed}\x1f{body.get('seed')}".encode(),
                                   digest_size=8).digest()
             n = int.from_bytes(key, "big")
             # The number keeps each turn's checker prompt (which quotes the partner) distinct.
