@@ -231,16 +231,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tables = ", ".join(sorted(p.name for p in run_dir.glob("*.parquet")))
     print(f"Dataset: {run_dir} ({tables})")
     print(summary.line())
+    code = outcome_code(summary)
+    if code != RUN_EXIT["ok"]:
+        return code
+    if summary.completed < summary.planned:
+        print(f"{summary.planned - summary.completed} dialogues are not done (see the errors "
+              "table); rerun the same command to retry them.", file=sys.stderr)
+        return RUN_EXIT["failed"]
+    return RUN_EXIT["ok"]
+
+
+def outcome_code(summary: Any) -> int:
+    """Say how a finished pass ended (budget stop, failure) and return its exit code; ``0``
+    when neither (the caller checks what is left to do)."""
     if summary.stopped:
         print(f"Stopped early: {summary.stopped}. Raise the cap and rerun the same command to "
               "continue.", file=sys.stderr)
         return RUN_EXIT["budget"]
     if summary.failed:
         print(f"run failed: {summary.failed}", file=sys.stderr)
-        return RUN_EXIT["failed"]
-    if summary.completed < summary.planned:
-        print(f"{summary.planned - summary.completed} dialogues are not done (see the errors "
-              "table); rerun the same command to retry them.", file=sys.stderr)
         return RUN_EXIT["failed"]
     return RUN_EXIT["ok"]
 

@@ -27,7 +27,6 @@ earlier import only once the new one is complete.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from spasm.dataset.files import atomic_write_text
+from spasm.dataset.integrity import file_sha256
 from spasm.dataset.rows import SCHEMA_VERSION, DialogueRow, TurnRow
 from spasm.dataset.store import write_finished_run
 from spasm.errors import UserError
@@ -226,7 +226,7 @@ def import_spasm_jsonl(
         raise UserError(f"{src} holds no records.")
     summary = {
         "kind": "import", "schema_version": SCHEMA_VERSION, "source": str(src),
-        "source_sha256": _sha256(src),
+        "source_sha256": file_sha256(src),
         "imported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "defaults": {"condition": condition, "pairing": pairing},
         "counts": {"personas": len(personas), "dialogues": len(dialogues), "turns": len(turns)},
@@ -236,14 +236,6 @@ def import_spasm_jsonl(
                              "turns": turns}, summary, persona_fields=(columns, integer),
                        replace=overwrite)
     return summary
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _check_target(out: Path, overwrite: bool) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-__all__ = ["Damage", "find_damage", "part_record"]
+__all__ = ["Damage", "file_sha256", "find_damage", "part_record"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class Damage:
         return f"{self.path.parent.name}/{self.path.name}: {self.problem}"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -43,7 +44,7 @@ def _sha256(path: Path) -> str:
 
 def part_record(path: Path, rows: int) -> dict[str, Any]:
     """What a marker records of one written part."""
-    return {"file": path.name, "rows": rows, "sha256": _sha256(path)}
+    return {"file": path.name, "rows": rows, "sha256": file_sha256(path)}
 
 
 def _marker(path: Path) -> dict[str, Any] | None:
@@ -63,7 +64,7 @@ def _marker(path: Path) -> dict[str, Any] | None:
 def _check(path: Path, expected: dict[str, Any]) -> str | None:
     if not path.exists():
         return "missing"
-    if _sha256(path) != expected.get("sha256"):
+    if file_sha256(path) != expected.get("sha256"):
         return "contents differ from what was committed (checksum mismatch)"
     try:
         rows = pq.ParquetFile(path).metadata.num_rows

@@ -67,7 +67,7 @@ def shard_of(args: argparse.Namespace) -> Shard | None:
 
 def generate_with_ray(args: argparse.Namespace, config: Any, run_dir: Path) -> int:
     """``spasm generate --executor ray``; returns the exit code."""
-    from spasm.cli import RUN_EXIT
+    from spasm.cli import RUN_EXIT, outcome_code
     from spasm.executors.ray_executor import import_ray, run_with_ray
 
     if args.shard:
@@ -88,11 +88,4 @@ def generate_with_ray(args: argparse.Namespace, config: Any, run_dir: Path) -> i
               "command again to resume.", file=sys.stderr)
         return RUN_EXIT["interrupted"]
     print(run.line())
-    if run.stopped:
-        print(f"Stopped early: {run.stopped}. Raise the cap and rerun the same command to "
-              "continue.", file=sys.stderr)
-        return RUN_EXIT["budget"]
-    if run.failed:
-        print(f"run failed: {run.failed}", file=sys.stderr)
-        return RUN_EXIT["failed"]
-    return RUN_EXIT["ok"]
+    return outcome_code(run)
