@@ -15,7 +15,7 @@ endif
 $(BIN)/spasm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[dev,eval,view]'
+	$(BIN)/pip install -e '.[dev,eval,view,ray]'
 	touch $(BIN)/spasm
 
 setup: $(BIN)/spasm

@@ -13,7 +13,9 @@ merge of sorted parts instead of reading the whole table into memory and sorting
 * more than :data:`FAN_IN` sources are merged in passes through temporary files, as an
   external sort does, so the number of open batches stays fixed however many parts a run has.
 
-Memory therefore depends on the budget and the fan-in, not on the table. A part without the
+Memory therefore depends on the budget, the fan-in and the page size (a Parquet reader holds
+one decoded page per column: merged parts are written with small pages and row groups, and read
+on one thread), not on the table: ``benchmarks/merge_memory.py`` measures it. A part without the
 sorted metadata (written by an older spasm, or by another tool) is checked by streaming its
 keys and, when it is not sorted, sorted on its own first (such parts are one batch of a run).
 """
@@ -44,7 +46,7 @@ _PAGE_BYTES = 256 << 10
 #: Parquet reads in blocks of this size, so a source's whole column chunk is never in memory.
 _READ_BUFFER = 1 << 20
 #: Sources merged in one pass; more go through intermediate files.
-FAN_IN = 32
+FAN_IN = 16
 _MIN_ROWS, _MAX_ROWS = 64, 65_536
 
 Key = tuple[tuple[Any, ...], ...]
@@ -165,7 +167,7 @@ class _Cursor:
 
     def __init__(self, path: Path, schema: pa.Schema, keys: Sequence[str], rows: int) -> None:
         self._batches: Iterator[pa.RecordBatch] = pq.ParquetFile(
-            path, buffer_size=_READ_BUFFER).iter_batches(batch_size=rows)
+            path, buffer_size=_READ_BUFFER).iter_batches(batch_size=rows, use_threads=False)
         self._schema = schema
         self._key_names = list(keys)
         self._next: pa.Table | None = self._read()
