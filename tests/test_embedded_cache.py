@@ -11,7 +11,7 @@ import pytest
 from spasm.agents import clean_reply, client_system_prompt, responder_system_prompt
 from spasm.backends import make_backend
 from spasm.backends.base import ChatRequest, Completion
-from spasm.backends.embedded import EmbeddedBackend, StreamSlots
+from spasm.backends.embedded import EmbeddedBackend, StreamSlots, slot_count, stream_of
 from spasm.config import BackendConfig, parse_config
 from spasm.engine import Engine
 from spasm.history import History, Speaker
@@ -35,6 +35,22 @@ def test_stream_key_changes_neither_the_cache_key_nor_the_logged_params() -> Non
     )
     assert keyed.cache_key("x") == base.cache_key("x")
     assert keyed.params() == base.params()
+
+
+def test_requests_without_a_key_are_streamed_by_their_system_prompt() -> None:
+    def req(system: str, user: str, key: str | None = None) -> ChatRequest:
+        return ChatRequest(messages=({"role": "system", "content": system},
+                                     {"role": "user", "content": user}),
+                           temperature=0.0, max_tokens=8, stream_key=key)
+
+    # A harness role keeps its instructions and policy first: one stream per agent and role.
+    assert stream_of(req("checker for Sam", "draft 1")) == stream_of(req("checker for Sam", "draft 2"))
+    assert stream_of(req("checker for Sam", "x")) != stream_of(req("reducer for Sam", "x"))
+    assert stream_of(req("checker for Sam", "x", key="d1:client")) == "d1:client"
+
+
+def test_the_contexts_fit_the_memory_budget() -> None:
+    assert slot_count(2048) == 6 and slot_count(8192) == 3 and slot_count(65536) == 2
 
 
 def test_a_sequential_backend_runs_one_dialogue_at_a_time(tmp_path: Path) -> None:

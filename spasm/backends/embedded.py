@@ -8,22 +8,25 @@ thread to keep the event loop free.
 A llama.cpp context keeps the KV cache of the last prompt it evaluated and, on the next call,
 evaluates only the tokens after the longest common prefix. Under ECP each agent's prompt is an
 append-only extension of its previous one, but two agents alternating on one context destroy
-that prefix at every turn. So the backend keeps a few contexts (:data:`STREAM_SLOTS`) and gives
-each request stream (``ChatRequest.stream_key``: one agent of one dialogue) its own, least
-recently used first out. A prompt that is not an extension (CONCAT, a harness window) simply
-shares a shorter prefix: llama.cpp falls back to evaluating the rest, so the reply never
-depends on the slot. The prompt tokens served from a context are counted
-(``Completion.extra["cached_tokens"]``).
+that prefix at every turn. So the backend keeps a few contexts (:func:`slot_count`, at most
+:data:`STREAM_SLOTS`) and gives each request stream its own, least recently used first out: the
+stream is ``ChatRequest.stream_key`` (one agent of one dialogue) or, for requests without one
+(harness roles, the judge), the system prompt (:func:`stream_of`). A prompt that is not an
+extension (CONCAT, a harness window) simply shares a shorter prefix: llama.cpp falls back to
+evaluating the rest, so the reply never depends on the slot. The prompt tokens served from a
+context are counted (``Completion.extra["cached_tokens"]``).
 
 Memory: each context holds its own KV cache, about 23 KB a token for SmolLM2-135M (30 layers,
 3 KV heads of 64, f16), plus llama.cpp's compute buffers: measured ~65 MB of private memory per
-context at ``n_ctx`` 2048 and ~200 MB at the default 8192 (so ~0.2 / 0.6 GB for the three
-slots); the 98 MB of weights are a memory-mapped file, shared through the page cache.
+context at ``n_ctx`` 2048 and ~200 MB at the default 8192; :data:`KV_BUDGET_MB` caps the
+contexts together (6 at 2048 ≈ 0.4 GB, 3 at 8192 ≈ 0.6 GB). The 98 MB of weights are a
+memory-mapped file, shared through the page cache.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib.util
 import os
 import threading
@@ -45,9 +48,33 @@ _MODELS_LOCK = threading.Lock()
 #: Guards each loaded context: backends of one process share them (llama.cpp is not re-entrant).
 _CONTEXT_LOCKS: dict[int, threading.Lock] = {}
 
-#: llama.cpp contexts an embedded backend keeps: one per agent of the dialogue in flight plus
-#: one for requests without a stream (harness roles, persona calls).
-STREAM_SLOTS = 3
+#: Most llama.cpp contexts an embedded backend keeps: at level E on both sides a dialogue has
+#: six streams (each agent's replies, checker and reducer).
+STREAM_SLOTS = 6
+#: Private memory the contexts together may take (MB); fewer slots at a large ``n_ctx``.
+KV_BUDGET_MB = 800
+#: KV cache per token of SmolLM2-135M (f16) and llama.cpp's compute buffers per context.
+_KV_MB_PER_TOKEN = 0.0234
+_CONTEXT_OVERHEAD_MB = 18.0
+
+
+def slot_count(n_ctx: int) -> int:
+    """How many contexts fit :data:`KV_BUDGET_MB` at ``n_ctx`` (2 to :data:`STREAM_SLOTS`)."""
+    per_context = n_ctx * _KV_MB_PER_TOKEN + _CONTEXT_OVERHEAD_MB
+    return max(2, min(STREAM_SLOTS, int(KV_BUDGET_MB // per_context)))
+
+
+def stream_of(request: ChatRequest) -> str:
+    """The stream a request continues: its ``stream_key``, else its system prompt.
+
+    Harness roles (checker, reducer, context) and the judge send no key, but each keeps one
+    system prompt per agent (instructions and policy first), so it names their stream well.
+    """
+    if request.stream_key is not None:
+        return request.stream_key
+    first = request.messages[0] if request.messages else None
+    system = first["content"] if first is not None and first["role"] == "system" else ""
+    return "system:" + hashlib.sha256(str(system).encode()).hexdigest()[:16]
 
 
 @atexit.register
@@ -147,7 +174,7 @@ class EmbeddedBackend(Backend):
         self.path = Path(cfg.model_path) if cfg.model_path else None
         self.n_threads = cfg.n_threads or default_threads()
         self._lock = anyio.Lock()
-        self.slots = StreamSlots(STREAM_SLOTS)
+        self.slots = StreamSlots(slot_count(cfg.n_ctx))
         #: Prompt tokens evaluated and served from a context's cache, over this backend's life.
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "calls": 0}
 
@@ -169,7 +196,7 @@ class EmbeddedBackend(Backend):
         return load_model(self.path or find_smollm2_gguf(), self.cfg.n_ctx, self.n_threads, slot)
 
     def _run(self, request: ChatRequest) -> dict[str, Any]:
-        llm = self._llm(self.slots.slot(request.stream_key))
+        llm = self._llm(self.slots.slot(stream_of(request)))
         with _CONTEXT_LOCKS[id(llm)]:
             before = list(llm.input_ids[: llm.n_tokens])
             result = self._generate(llm, request)
