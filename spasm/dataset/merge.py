@@ -139,7 +139,7 @@ def _check_same_run(shards: list[ShardRun]) -> None:
     first = shards[0]
     for s in shards[1:]:
         if s.fingerprint != first.fingerprint:
-            from spasm.engine import config_differences
+            from spasm.runplan import config_differences
 
             changed = config_differences(first.config.get("config"), s.config.get("config"))
             raise UserError(
