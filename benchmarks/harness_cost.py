@@ -12,13 +12,13 @@ and one-off policy calls excluded) and the cache-adjusted ratio (cached prompt t
 ``1 - --cache-discount``), with the checker outcomes and calls per role::
 
     .venv/bin/python benchmarks/harness_cost.py                        # L = 10 20 50 100
-    .venv/bin/python benchmarks/harness_cost.py --variants now         # today's design only
+    .venv/bin/python benchmarks/harness_cost.py --variants default     # today's design only
     .venv/bin/python benchmarks/harness_cost.py --lengths 50 --personas 4 --json /tmp/cost.json
 
 The test server counts a token per whitespace-separated word (+4 per message) and reports no
 cached tokens; the cached share is spasm's own estimate (``turns.cached_prompt_tokens``).
-Each row of :data:`VARIANTS` switches design choices off (``before``) or on (``now``), so the
-table shows what each choice moved, on the same personas and seeds.
+Each row of :data:`VARIANTS` switches a design choice on (``screen``: no reducer call without a
+cue) against the default, so the table shows what it moved, on the same personas and seeds.
 """
 
 from __future__ import annotations
@@ -57,16 +57,12 @@ def sweep_config(base_url: str, utterances: int, personas: int, seed: int, **har
     })
 
 
-def _always(*_: object) -> bool:
-    return True
-
-
 #: Design choices that can be switched off to measure what each one moves.
 VARIANTS: dict[str, dict[str, Any]] = {
-    # The reducer called after every own turn (before the code screen of issue 13).
-    "before": {"spasm.harness.runtime.needs_reducer": _always},
-    # Today's design: no reducer call when nothing in the new turn touches the state.
-    "now": {},
+    # Today's default: the reducer is called after every own turn.
+    "default": {},
+    # No reducer call when nothing in the new turn can move the state (a code screen).
+    "screen": {"spasm.harness.runtime.REDUCER_SCREEN": True},
 }
 
 
@@ -78,7 +74,7 @@ def _patched(variant: str) -> contextlib.ExitStack:
 
 
 def measure(utterances: int, args: argparse.Namespace, workdir: Path,
-            variant: str = "now") -> dict[str, Any]:
+            variant: str = "default") -> dict[str, Any]:
     """One sweep at one length; E's ratios and what the checker did."""
     profile = CheckerProfile(args.first_pass, args.after_rewrite, seed=args.seed)
     run = workdir / f"{variant}-L{utterances}"

@@ -107,7 +107,8 @@ def test_a_skipped_reduction_is_the_constraints_no_stimulus_step() -> None:
     assert [c.dimension for c in skipped.decays] == ["emotion.joy"]
 
 
-def test_turns_without_a_cue_make_no_reducer_call(tmp_path: Path) -> None:
+def test_turns_without_a_cue_make_no_reducer_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("spasm.harness.runtime.REDUCER_SCREEN", True)
     profile = CheckerProfile(1.0, 0.0, seed=3)
     with TestServer(reply=profile) as srv:
         config = endpoint_config(
