@@ -357,7 +357,10 @@ class Engine:
         async def producer() -> None:
             async with send:
                 for spec in todo:
-                    await send.send(spec)
+                    try:
+                        await send.send(spec)
+                    except anyio.BrokenResourceError:
+                        return  # every worker has stopped (a budget stop): nothing takes more
 
         async def worker(specs: Any) -> None:
             async with specs:

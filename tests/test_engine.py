@@ -151,3 +151,15 @@ def test_cache_replays_instead_of_calling(tmp_path: Path) -> None:
     assert second.completed == first.completed
     calls = pd.read_parquet(tmp_path / "run" / "calls.parquet")
     assert calls.cache_hit.all()
+
+
+def test_a_budget_stop_with_one_dialogue_in_flight_stops_cleanly(tmp_path: Path, capsys: Any) -> None:
+    with TestServer() as srv:
+        data = endpoint_config(srv.base_url, personas={"n": 4},
+                               engine={"flush_every": 1, "max_dialogues_in_flight": 1})
+        cfg = tmp_path / "c.json"
+        cfg.write_text(json.dumps(data))
+        args = ["generate", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]
+        assert main([*args, "--max-tokens", "3000"]) == 3
+    err = capsys.readouterr().err
+    assert "token cap reached" in err and "Traceback" not in err
