@@ -7,8 +7,8 @@ for :class:`~spasm.testing.server.TestServer` that answers checker calls at chos
 (default: the design's 85% first time, 12% after one rewrite, 3% flagged), other structured
 calls as the server would (:func:`~spasm.testing.server.default_reply`) and free-text turns with
 a short first-person line chosen by a hash of the request's seed. The server's default free
-text echoes the last message, so a Client would echo the Responder's offers of help and fail the harness's code
-screen before the checker is asked, which would move the profile's rates::
+text echoes the last message, so a Client would echo the Responder's offers of help and fail
+the harness's code screen before the checker is asked, which would move the profile's rates::
 
     profile = CheckerProfile(first_pass=0.85, after_rewrite=0.12, seed=3)
     with TestServer(reply=profile) as srv:
