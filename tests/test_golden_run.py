@@ -22,6 +22,7 @@ import pandas as pd
 
 from spasm.engine import Engine
 from spasm.testing import TestServer
+from spasm.tokens import counter_source
 from tests.conftest import config_from, endpoint_config
 
 GOLDEN = Path(__file__).parent / "golden" / "run.json"
@@ -69,6 +70,11 @@ def test_a_fixed_config_gives_the_golden_personas_dialogues_and_turns(tmp_path: 
     if os.environ.get("SPASM_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     want = json.loads(GOLDEN.read_text())
+    if not counter_source().startswith("tiktoken"):
+        # Without tiktoken's encodings (an offline machine without ../shared/data/tiktoken) the
+        # prefix-cache estimate counts ~4 characters per token: everything else must match.
+        for digests in (want, got):
+            digests["turns"].pop("cached_prompt_tokens", None)
     diff = {
         f"{t}.{c}": (want.get(t, {}).get(c), got.get(t, {}).get(c))
         for t in set(want) | set(got)
