@@ -337,3 +337,21 @@ def test_errors_of_dialogues_that_later_succeeded_are_not_kept(tmp_path: Path) -
         assert main(["generate", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
     assert pd.read_parquet(run / "errors.parquet").empty
     assert len(pd.read_parquet(run / "dialogues.parquet")) == 2
+
+
+def test_import_force_into_a_generated_run_and_personas_into_a_directory_are_refused(
+    server: Any, tmp_path: Path, capsys: Any
+) -> None:
+    run = tmp_path / "run"
+    assert main(_quick(server.base_url, tmp_path)) == 0
+    before = sorted(p.name for p in run.iterdir())
+    sample = Path(__file__).parent / "data" / "spasm_release_sample.jsonl"
+    capsys.readouterr()
+    assert main(["import", str(sample), "--out", str(run), "--force"]) == 2
+    assert "holds a generated run" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before
+    target = tmp_path / "a-dir"
+    target.mkdir()
+    assert main(["personas", "--n", "2", "--out", str(target)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert not list(target.iterdir()) and not list(tmp_path.glob(".a-dir*"))
