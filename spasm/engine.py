@@ -49,6 +49,9 @@ __all__ = ["TABLES", "Engine", "RunSummary", "config_differences", "make_backend
 
 log = logging.getLogger("spasm")
 
+#: Finished dialogues wait at most this long for their batch to fill before they are committed.
+FLUSH_AFTER_S = 10.0
+
 #: The tables every finished run has (possibly empty).
 TABLES = ("personas", "persona_rejections", "dialogues", "turns", "calls", "errors")
 
@@ -334,6 +337,8 @@ class Engine:
         # Without a terminal (a scheduler's log file) the bar is off: print a line now and then.
         lines = progress_lines(enabled=self.progress is None and not sys.stderr.isatty())
 
+        last_flush = [time.monotonic()]
+
         async def flush() -> None:
             nonlocal batch_no
             async with write_lock:
@@ -341,6 +346,7 @@ class Engine:
                     return
                 batch = pending[:]
                 pending.clear()
+                last_flush[0] = time.monotonic()
                 batch_no += 1
                 tables: dict[str, list[Any]] = {
                     "turns": [t for r in batch for t in r.turns],
@@ -380,7 +386,10 @@ class Engine:
                         errors=summary.errors,
                         refresh=False,
                     )
-                    if len(pending) >= self.config.engine.flush_every:
+                    # A full batch, or a slow run's finished dialogues after FLUSH_AFTER_S: work
+                    # is committed steadily even when dialogues take minutes (embedded model).
+                    if len(pending) >= self.config.engine.flush_every or (
+                            pending and time.monotonic() - last_flush[0] >= FLUSH_AFTER_S):
                         await flush()
 
         try:

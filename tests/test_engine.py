@@ -163,3 +163,23 @@ def test_a_budget_stop_with_one_dialogue_in_flight_stops_cleanly(tmp_path: Path,
         assert main([*args, "--max-tokens", "3000"]) == 3
     err = capsys.readouterr().err
     assert "token cap reached" in err and "Traceback" not in err
+
+
+def test_slow_dialogues_are_committed_as_they_finish_not_when_the_batch_fills(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import anyio
+
+    import spasm.engine
+    from spasm.engine import Engine
+    from tests.conftest import config_from
+
+    monkeypatch.setattr(spasm.engine, "FLUSH_AFTER_S", 0.0)  # every dialogue counts as slow
+    with TestServer() as srv:
+        data = endpoint_config(srv.base_url, personas={"n": 4},
+                               engine={"flush_every": 100, "max_dialogues_in_flight": 1})
+        anyio.run(Engine(config_from(data), tmp_path / "run", progress=False).run)
+    markers = [json.loads(p.read_text()) for p in (tmp_path / "run" / ".commits").iterdir()
+               if not p.name.startswith("compacted")]  # the end-of-run compaction's own marker
+    batches = [m for m in markers if "dialogues" in m.get("parts", {})]
+    assert len(batches) == 4  # one commit per finished dialogue, although the batch holds 100
