@@ -9,16 +9,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping
-from pathlib import Path
-
-import pandas as pd
 
 from spasm.evaluation.echoing import EchoVerdict
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import EchoExample, EchoRate
 from spasm.evaluation.stats import wilson_interval
 
-__all__ = ["echo_examples", "echo_rate", "echo_rates", "finite", "group_key", "human_agreement", "kappa"]
+__all__ = ["echo_examples", "echo_rate", "echo_rates", "finite", "group_key", "kappa"]
 
 
 def finite(value: float | None) -> float | None:
@@ -91,27 +88,3 @@ def kappa(a: list[bool], b: list[bool]) -> float | None:
         return None
     value = float(cohen_kappa_score(a, b))
     return value if math.isfinite(value) else None
-
-
-def human_agreement(run_dir: Path, verdicts: Mapping[str, EchoVerdict]) -> tuple[float | None, str | None]:
-    """Cohen's κ between the majority human echoing label per dialogue and ours.
-
-    Reads ``annotations.parquet`` (columns ``dialogue_id`` and ``echoing``; one row per
-    annotator and dialogue) when the run has one; otherwise reports nothing.
-    """
-    path = run_dir / "annotations.parquet"
-    if not path.exists():
-        return None, None
-    try:
-        ann = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several unrelated types
-        return None, f"annotations.parquet could not be read ({exc})"
-    if not {"dialogue_id", "echoing"} <= set(ann.columns):
-        return None, "annotations.parquet has no dialogue_id/echoing columns"
-    ann = ann.dropna(subset=["echoing"])
-    majority = ann.groupby(ann["dialogue_id"].astype(str))["echoing"].mean() >= 0.5
-    both = [d for d in majority.index if d in verdicts]
-    if len(both) < 2:
-        return None, f"only {len(both)} annotated dialogue(s) were evaluated"
-    value = kappa([bool(majority[d]) for d in both], [verdicts[d].echoing for d in both])
-    return value, f"{len(both)} annotated dialogues (majority label per dialogue)"
