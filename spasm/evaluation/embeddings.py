@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import re
 import uuid
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spasm.dataset.files import atomic_write
-from spasm.errors import MissingKeyError, RunError, UserError
+from spasm.errors import RunError, UserError
 
 __all__ = [
     "CachedEmbedder",
@@ -277,12 +276,9 @@ class OpenAIEmbedder:
             import openai
         except ImportError as exc:  # pragma: no cover - openai is a core dependency
             raise UserError("The openai embedder needs the `openai` package.") from exc
-        if api_key_env is None:
-            key = "not-needed"
-        else:
-            key = os.environ.get(api_key_env, "")
-            if not key:
-                raise MissingKeyError(api_key_env, f"embeddings ({model})")
+        from spasm.backends.keys import resolve_api_key
+
+        key = resolve_api_key(api_key_env, f"embeddings ({model})")
         self.model = model
         self.base_url = base_url
         self.batch_size = batch_size
