@@ -115,6 +115,9 @@ class Run:
 
     def __init__(self, path: str | Path, *, verify: bool = True) -> None:
         self.dir = Path(path)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise UserError(f"{self.dir} is a file, not a run directory; pass the directory that "
+                            "`spasm generate` or `spasm import` wrote (e.g. runs/<name>).")
         if not self.dir.is_dir():
             raise UserError(
                 f"Run directory {self.dir} does not exist; pass a directory that `spasm generate` "
