@@ -146,15 +146,7 @@ class Engine:
         existing = self.store.read("personas")
         if existing is not None:
             return list(existing.to_pylist())
-        backend = pc.backend or self.config.pairing_list[0].client
-        temps = self.config.backends[backend].temperatures
-        result = await build_personas(
-            schema, pc.n, self.config.seed, caller=caller, backend=backend,
-            llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
-            validator_temperature=temps.validator, crafter_temperature=temps.crafter,
-            max_draws_per_persona=pc.max_draws_per_persona,
-            compile_policy=self._policy_compiler(caller, backend),
-        )
+        result = await self._draw_personas(caller)
         mine = self._own(result.accepted, caller)
         self.store.write_batch(
             "personas",
@@ -446,16 +438,21 @@ class Engine:
         existing = self.store.read("personas") if self.store.dir.exists() else None
         if existing is not None:
             return PersonaSet(accepted=list(existing.to_pylist()))
+        return await self._draw_personas(caller)
+
+    async def _draw_personas(self, caller: Caller | None) -> PersonaSet:
+        """Sample, validate and craft the run's personas: the one set of pipeline settings,
+        for the run (its caller), the dry run (a scripted caller) and start-up checks (none:
+        rules and template cards only, no model call)."""
         pc = self.config.personas
+        schema = load_schema(pc.schema_file)
         if caller is None:
-            return await build_personas(
-                load_schema(pc.schema_file), pc.n, self.config.seed,
-                max_draws_per_persona=pc.max_draws_per_persona,
-            )
+            return await build_personas(schema, pc.n, self.config.seed,
+                                        max_draws_per_persona=pc.max_draws_per_persona)
         backend = pc.backend or self.config.pairing_list[0].client
         temps = self.config.backends[backend].temperatures
         return await build_personas(
-            load_schema(pc.schema_file), pc.n, self.config.seed, caller=caller, backend=backend,
+            schema, pc.n, self.config.seed, caller=caller, backend=backend,
             llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
             validator_temperature=temps.validator, crafter_temperature=temps.crafter,
             max_draws_per_persona=pc.max_draws_per_persona,
