@@ -124,23 +124,24 @@ class RunStore:
         atomic_write_json(self.dir / name, data)
 
     # -- writing --------------------------------------------------------------------------
-    def _write_part(
-        self, table: str, rows: Sequence[RowLike], name: str, allow_empty: bool
-    ) -> dict[str, Any] | None:
-        if not rows and not allow_empty:
-            return None
+    def _write_part(self, table: str, data: pa.Table, name: str) -> dict[str, Any]:
         keys = self.model(table).keys
         # Sorted, and marked so, because compaction and merge k-way merge sorted parts.
-        data = sort_rows(rows_to_table(table, self.model(table), rows), keys)
+        data = sort_rows(data, keys)
         tmp = self.tmp / f"{table}-{name}"
-        pq.write_table(data, tmp, compression="zstd", sorting_columns=sorting_columns(data.schema, keys))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        record = part_record(tmp, data.num_rows)
-        record["file"] = name
-        target_dir = self.table_dir(table)
-        target_dir.mkdir(exist_ok=True)
-        os.replace(tmp, target_dir / name)
+        try:
+            pq.write_table(data, tmp, compression="zstd",
+                           sorting_columns=sorting_columns(data.schema, keys))
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            record = part_record(tmp, data.num_rows)
+            record["file"] = name
+            target_dir = self.table_dir(table)
+            target_dir.mkdir(exist_ok=True)
+            os.replace(tmp, target_dir / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no temp file
+            raise
         return record
 
     def write_batch(
@@ -148,22 +149,15 @@ class RunStore:
     ) -> None:
         """Write one batch to every table it has rows for, then commit it with a marker.
 
-        Every row is checked before anything is written, so a bad row leaves no part behind.
+        Every row is checked (and each table built) before anything is written, so a bad row
+        leaves no part behind.
         """
-        for table, rows in tables.items():
-            model = self.model(table)
-            for row in rows:
-                if not isinstance(row, model):
-                    rows_to_table(table, model, rows)  # raises FormatError on the first bad row
-                    break
+        built = {table: rows_to_table(table, self.model(table), rows)
+                 for table, rows in tables.items() if rows or allow_empty}
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.commits.mkdir(parents=True, exist_ok=True)
         name = f"part-{batch_id}.parquet"
-        parts: dict[str, Any] = {}
-        for table, rows in tables.items():
-            record = self._write_part(table, rows, name, allow_empty)
-            if record is not None:
-                parts[table] = record
+        parts = {table: self._write_part(table, data, name) for table, data in built.items()}
         # The marker is the commit: it names each part with its row count and checksum.
         atomic_write_json(self.commits / batch_id, {"parts": parts})
 
