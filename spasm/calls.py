@@ -118,6 +118,8 @@ class Usage:
 
     prompt_tokens: Counter[str] = field(default_factory=Counter)
     completion_tokens: Counter[str] = field(default_factory=Counter)
+    #: Prompt tokens the APIs reported as served from their prefix caches.
+    cached_tokens: Counter[str] = field(default_factory=Counter)
     calls: Counter[str] = field(default_factory=Counter)
     cost: float = 0.0
     cache_hits: int = 0
@@ -134,6 +136,7 @@ class Usage:
                 "calls": self.calls[r],
                 "prompt_tokens": self.prompt_tokens[r],
                 "completion_tokens": self.completion_tokens[r],
+                "cached_tokens": self.cached_tokens[r],
             }
             for r in roles
         }
@@ -211,10 +214,9 @@ class Caller:
         prices = self.configs[backend].prices
         self.usage.prompt_tokens[role] += c.prompt_tokens
         self.usage.completion_tokens[role] += c.completion_tokens
+        self.usage.cached_tokens[role] += c.cached_tokens
         self.usage.calls[role] += 1
-        self.usage.cost += (
-            c.prompt_tokens * prices.input_per_1m + c.completion_tokens * prices.output_per_1m
-        ) / 1e6
+        self.usage.cost += prices.cost(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
 
     def _record(
         self,
@@ -245,6 +247,7 @@ class Caller:
             attempt=attempt,
             prompt_tokens=completion.prompt_tokens if completion else 0,
             completion_tokens=completion.completion_tokens if completion else 0,
+            cached_tokens=completion.cached_tokens if completion else 0,
             latency_s=latency,
             cache_hit=outcome == "cache_hit",
             outcome=outcome,

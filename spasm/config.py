@@ -39,6 +39,18 @@ class Prices(_Strict):
 
     input_per_1m: float = Field(0.0, ge=0)
     output_per_1m: float = Field(0.0, ge=0)
+    #: Prompt tokens the provider reports as served from its prefix cache
+    #: (``prompt_tokens_details.cached_tokens``); ``None``: billed like other input tokens.
+    cached_input_per_1m: float | None = Field(None, ge=0)
+
+    def cost(self, prompt_tokens: float, completion_tokens: float, cached_tokens: float = 0) -> float:
+        """What a call's tokens cost: cached prompt tokens at the cached price."""
+        cached_price = self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
+        cached = min(cached_tokens, prompt_tokens)
+        return (
+            (prompt_tokens - cached) * self.input_per_1m + cached * cached_price
+            + completion_tokens * self.output_per_1m
+        ) / 1e6
 
 
 StructuredOutputMode = Literal["auto", "json_schema", "json_object", "text"]

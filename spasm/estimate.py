@@ -150,7 +150,7 @@ def _price(calls: Iterable[_Call], config: RunConfig, cal: Calibration, weight: 
         one.calls += w
         one.prompt_tokens += prompt
         one.completion_tokens += completion
-        one.cost += (prompt * prices.input_per_1m + completion * prices.output_per_1m) / 1e6
+        one.cost += prices.cost(prompt, completion)
     for target in into:
         target.add(one)
 

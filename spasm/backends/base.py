@@ -66,6 +66,9 @@ class Completion:
     resolved_model: str
     finish_reason: str = "stop"
     latency_s: float = 0.0
+    #: Prompt tokens the backend served from its prefix cache, as it reported them (0 when it
+    #: reports none); billed at the backend's cached-token price.
+    cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 

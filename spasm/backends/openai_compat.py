@@ -108,6 +108,7 @@ def _completion(resp: Any, backend: str, model: str, latency: float) -> Completi
         usage = resp.usage
         prompt_tokens = int(usage.prompt_tokens) if usage else 0
         completion_tokens = int(usage.completion_tokens) if usage else 0
+        cached_tokens = _cached_tokens(usage)
     except (AttributeError, IndexError, TypeError, ValueError) as exc:
         # The SDK builds its models without validation: a body missing fields arrives as is.
         raise MalformedResponseError(
@@ -122,7 +123,25 @@ def _completion(resp: Any, backend: str, model: str, latency: float) -> Completi
         resolved_model=getattr(resp, "model", None) or model,
         finish_reason=getattr(choice, "finish_reason", None) or "stop",
         latency_s=latency,
+        cached_tokens=cached_tokens,
     )
+
+
+def _cached_tokens(usage: Any) -> int:
+    """Prompt tokens the server says its prefix cache served: ``prompt_tokens_details.
+    cached_tokens`` (OpenAI, vLLM, SGLang, llama.cpp) or ``prompt_cache_hit_tokens`` (DeepSeek).
+    A missing or malformed figure counts as none: it only lowers a price, never a reply."""
+    if usage is None:
+        return 0
+    details = getattr(usage, "prompt_tokens_details", None)
+    value = getattr(details, "cached_tokens", None) if details is not None else None
+    if value is None:
+        value = (getattr(usage, "model_extra", None) or {}).get("prompt_cache_hit_tokens")
+    try:
+        cached = int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+    return max(0, min(cached, int(usage.prompt_tokens or 0)))
 
 
 class _Rejected(Exception):

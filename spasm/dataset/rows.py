@@ -12,7 +12,7 @@ models are built from the persona schema with :func:`persona_row_model` /
 Schema versions (``SCHEMA_VERSION``; docs/format.md says what changed and how older runs are
 read): 1.0 first release; 1.1 harness columns in ``turns``; 1.2 ``dialogues.harness_fallbacks``
 and ``dialogues.source_id``, ``personas.persona_fields`` (an imported persona's source fields),
-imports as table directories like generated runs.
+imports as table directories like generated runs; 1.3 ``calls.cached_tokens``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = [
     "rejection_row_model",
 ]
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -173,6 +173,8 @@ class CallRow(Row):
     attempt: I32
     prompt_tokens: I64 = 0
     completion_tokens: I64 = 0
+    #: Prompt tokens the API reported as served from its prefix cache (0: none reported).
+    cached_tokens: I64 = 0
     latency_s: F64 = 0.0
     cache_hit: Flag = False
     outcome: Str

@@ -319,8 +319,7 @@ def usage_of(records: Sequence[CallRow], backend: EvalBackend) -> LLMUsage:
         cache_hits=len(records) - len(paid),
         prompt_tokens=sum(r.prompt_tokens for r in paid),
         completion_tokens=sum(r.completion_tokens for r in paid),
-        cost=sum(r.prompt_tokens * prices.input_per_1m + r.completion_tokens * prices.output_per_1m
-                 for r in paid) / 1e6,
+        cost=sum(prices.cost(r.prompt_tokens, r.completion_tokens, r.cached_tokens) for r in paid),
         calls_by_role=dict(sorted(by_role.items())),
         outcomes=dict(sorted(outcomes.items())),
     )

@@ -48,6 +48,7 @@ from typing import Any, Literal, cast
 import pydantic
 
 from spasm.backends.instances import instance_from_schema
+from spasm.testing.usage import Usage
 
 __all__ = [
     "OUTCOMES",
@@ -280,8 +281,10 @@ class _State:
         reply: Callable[[dict[str, Any]], str] | None,
         models: Sequence[str],
         reject_formats: frozenset[str] = frozenset(),
+        usage: Usage | None = None,
     ) -> None:
         self.lock = threading.Lock()
+        self.usage = usage or Usage()
         self.plan = plan
         self.reject_formats = reject_formats
         self.rng = random.Random(plan.seed)
@@ -552,13 +555,14 @@ class _Handler(BaseHTTPRequestHandler):
 
         finish_reason = "stop"
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        words = _words(content)
-        if isinstance(limit, int) and len(words) > limit:
-            words = words[: max(limit, 0)]
-            content = " ".join(words)
+        usage = state.usage
+        if isinstance(limit, int) and usage.count(content) > limit:
+            content = usage.truncate(content, limit)
             finish_reason = "length"
-        completion_tokens = len(words)
-        prompt_tokens = sum(len(_words(_text_of(m.get("content")))) + 4 for m in messages)
+        completion_tokens = usage.count(content)
+        prompt = [(str(m.get("role")), _text_of(m.get("content"))) for m in messages]
+        prompt_tokens = usage.prompt_tokens(prompt)
+        cached = usage.cached_tokens(prompt)
 
         n = body.get("n") or 1
         choice_count = n if isinstance(n, int) and 1 <= n <= 128 else 1
@@ -581,6 +585,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens * choice_count,
                 "total_tokens": prompt_tokens + completion_tokens * choice_count,
+                **({"prompt_tokens_details": {"cached_tokens": cached}} if usage.prefix_cache else {}),
             },
             "system_fingerprint": "fp_spasm_testserver",
         }
@@ -662,7 +667,9 @@ class TestServer:
     ``reply`` maps a chat request body to the reply text; without it the server answers
     deterministically (see :func:`default_reply`). ``models`` are listed by
     ``GET /v1/models``; requests may name any model. ``reject_formats`` names structured-output
-    formats to refuse with HTTP 500 (any of :data:`FORMATS`).
+    formats to refuse with HTTP 500 (any of :data:`FORMATS`). ``usage`` says how tokens are
+    counted and whether a prefix cache reports cached tokens (:class:`~spasm.testing.usage.Usage`;
+    default: words, no cache).
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -676,11 +683,12 @@ class TestServer:
         *,
         models: Sequence[str] = ("test-model",),
         reject_formats: Collection[str] = (),
+        usage: Usage | None = None,
     ) -> None:
         unknown = set(reject_formats) - set(FORMATS)
         if unknown:
             raise ValueError(f"unknown format(s) {sorted(unknown)} in reject_formats; known: {FORMATS}")
-        self._state = _State(plan or FaultPlan(), reply, models, frozenset(reject_formats))
+        self._state = _State(plan or FaultPlan(), reply, models, frozenset(reject_formats), usage)
         self._host = host
         self._requested_port = port
         self._httpd: _HTTPServer | None = None
