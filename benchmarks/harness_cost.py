@@ -15,10 +15,14 @@ and one-off policy calls excluded) and the cache-adjusted ratio (cached prompt t
     .venv/bin/python benchmarks/harness_cost.py --variants default     # today's design only
     .venv/bin/python benchmarks/harness_cost.py --lengths 50 --personas 4 --json /tmp/cost.json
 
-The test server counts a token per whitespace-separated word (+4 per message) and reports no
-cached tokens; the cached share is spasm's own estimate (``turns.cached_prompt_tokens``).
-Each row of :data:`VARIANTS` switches a design choice on (``screen``: no reducer call without a
-cue) against the default, so the table shows what it moved, on the same personas and seeds.
+By default the test server counts tokens with tiktoken (o200k_base; ``--tokens words`` for one
+per word) and runs a provider-style prefix cache (:class:`spasm.testing.usage.Usage`), so the
+raw figures are what an API reports and the cached tokens are what it reports as served from its
+cache (``calls.cached_tokens``), billed at ``1 - --cache-discount`` of the input price.
+``--reply-words`` sets the length of the scripted free-text turns (default 45 words, about 55
+tokens: what the embedded model writes at ``max_tokens`` 80); ``--reply-words 0`` keeps the
+profile's short single lines (~13 words). Each row of :data:`VARIANTS` switches a design choice
+on against the default, so the table shows what it moved, on the same personas and seeds.
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ from spasm.engine import Engine
 from spasm.harness.report import level_report
 from spasm.testing import TestServer
 from spasm.testing.checker_profile import CheckerProfile
+from spasm.testing.usage import Usage
 
 
-def sweep_config(base_url: str, utterances: int, personas: int, seed: int, **harness: Any) -> Any:
+def sweep_config(base_url: str, utterances: int, personas: int, seed: int, max_tokens: int = 60,
+                 **harness: Any) -> Any:
     """A run of both levels, ``utterances`` long, against one endpoint."""
     return parse_config({
         "name": f"cost-{utterances}", "seed": seed,
@@ -50,25 +56,27 @@ def sweep_config(base_url: str, utterances: int, personas: int, seed: int, **har
         "backends": {"srv": {"kind": "openai", "base_url": base_url, "model": "m",
                              "max_concurrency": 32}},
         "pairings": [{"client": "srv", "responder": "srv"}],
-        "dialogue": {"max_turns_per_agent": max(1, utterances // 2), "max_tokens": 60},
+        "dialogue": {"max_turns_per_agent": max(1, utterances // 2), "max_tokens": max_tokens},
         "termination": {"rules": False},
         "engine": {"cache": False},
         "harness": {"levels": ["A", "E"], **harness},
     })
 
 
-#: Design choices that can be switched off to measure what each one moves.
-VARIANTS: dict[str, dict[str, Any]] = {
-    # Today's default: the reducer is called after every own turn.
-    "default": {},
+#: Design choices, each switched on against the default: (module patches, harness config).
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # The reducer is called before every own draft; the checker after it.
+    "default": ({}, {}),
     # No reducer call when nothing in the new turn can move the state (a code screen).
-    "screen": {"spasm.harness.runtime.REDUCER_SCREEN": True},
+    "screen": ({"spasm.harness.runtime.REDUCER_SCREEN": True}, {}),
+    # The checker's call also proposes the state update: one call a turn instead of two.
+    "merged": ({}, {"review": "merged"}),
 }
 
 
 def _patched(variant: str) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
-    for target, value in VARIANTS[variant].items():
+    for target, value in VARIANTS[variant][0].items():
         stack.enter_context(mock.patch(target, value))
     return stack
 
@@ -76,10 +84,13 @@ def _patched(variant: str) -> contextlib.ExitStack:
 def measure(utterances: int, args: argparse.Namespace, workdir: Path,
             variant: str = "default") -> dict[str, Any]:
     """One sweep at one length; E's ratios and what the checker did."""
-    profile = CheckerProfile(args.first_pass, args.after_rewrite, seed=args.seed)
+    profile = CheckerProfile(args.first_pass, args.after_rewrite, seed=args.seed,
+                             reply_words=args.reply_words or None)
     run = workdir / f"{variant}-L{utterances}"
-    with TestServer(reply=profile) as srv:
-        config = sweep_config(srv.base_url, utterances, args.personas, args.seed)
+    usage = Usage(tokens=args.tokens, prefix_cache=not args.no_prefix_cache)
+    with TestServer(reply=profile, usage=usage) as srv:
+        config = sweep_config(srv.base_url, utterances, args.personas, args.seed,
+                              max_tokens=max(60, 2 * args.reply_words), **VARIANTS[variant][1])
         start = time.perf_counter()
         with _patched(variant):
             summary = anyio.run(Engine(config, run, progress=False, sleep_scale=0.0).run)
@@ -113,6 +124,11 @@ def main() -> None:
     ap.add_argument("--cache-discount", type=float, default=0.5,
                     help="share of a cached prompt token's price the provider waives")
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--reply-words", type=int, default=45,
+                    help="words of each scripted turn (0: the profile's short single lines)")
+    ap.add_argument("--tokens", choices=["tiktoken", "words"], default="tiktoken")
+    ap.add_argument("--no-prefix-cache", action="store_true",
+                    help="the server reports no cached tokens (the report falls back to its estimate)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()

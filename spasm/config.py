@@ -202,6 +202,11 @@ class HarnessConfig(_Strict):
     boundary_floor: int = Field(50, ge=0, le=100, description="checker: boundary score to pass")
     reducer_max_tokens: int = Field(256, ge=32)
     checker_max_tokens: int = Field(192, ge=32)
+    #: Level E's state update: ``merged`` — the checker's call also proposes the state changes
+    #: the partner's message and the reviewed reply caused (one call a turn instead of two; the
+    #: hard constraints apply unchanged); ``separate`` — a reducer call before each draft, as
+    #: at levels C and D.
+    review: Literal["merged", "separate"] = "separate"
     #: Run the checker on every accepted reply below level E too (role ``audit``, no rewrite),
     #: so the boundary-violation rate can be compared across levels.
     audit: bool = False

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from spasm.harness._types import Line, Phrases3, Reply, Score
 from spasm.harness.policy import CharacterPolicy
+from spasm.harness.state import AgentState, StateUpdate, compact
 
 if TYPE_CHECKING:
     from spasm.calls import Caller, CallScope
@@ -33,10 +34,12 @@ __all__ = [
     "WEIGHTS",
     "CheckerOutput",
     "DimensionScores",
+    "ReviewOutput",
     "Verdict",
     "check_reply",
     "checker_messages",
     "overall_score",
+    "review_messages",
     "rewrite_note",
     "rule_violations",
     "screened_verdict",
@@ -65,6 +68,12 @@ class CheckerOutput(Reply):
     correction_advice: Line = ""
 
 
+class ReviewOutput(CheckerOutput):
+    """The checker's reply when it also updates the state (``harness.review: merged``)."""
+
+    state_update: StateUpdate = Field(default_factory=StateUpdate)
+
+
 @dataclass
 class Verdict:
     """The checker's decision on one candidate, as stored in ``turns.checker_verdict``."""
@@ -77,6 +86,8 @@ class Verdict:
     rule_violations: list[str] = field(default_factory=list)
     #: ``model`` (the checker scored it) or ``code`` (the code screen failed it; no call made).
     source: str = "model"
+    #: A merged review's proposed state changes (applied under the constraints by the agent).
+    update: StateUpdate | None = None
 
     @property
     def boundary_violation(self) -> bool:
@@ -203,6 +214,38 @@ def checker_messages(
     ]
 
 
+def review_instructions(name: str) -> str:
+    """What a merged review adds to the checker's instructions: the reducer's task."""
+    return (
+        f"Also track the inner state of {name}. Values are 0-100 (50 is neutral). In "
+        "state_update report only what the other person's message and the reviewed message "
+        "changed: each change gives the dimension, its new value and, as evidence, the exact "
+        "words from those messages that caused it. Set stimulus to false when they give no "
+        "reason for any change. Also give the strategy for the next message in one sentence."
+    )
+
+
+def review_messages(
+    policy: CharacterPolicy,
+    who: str,
+    name: str,
+    state: AgentState,
+    partner_said: str | None,
+    candidate: str,
+) -> list[Message]:
+    """The merged review prompt: the checker's, with the reducer's task in the stable part and
+    the whole compact state (the values a change is proposed against) in the turn's part."""
+    turn = [f"Current state:\n{compact(state)}"]
+    if partner_said:
+        turn.append(f"The other person just said: {partner_said}")
+    turn.append(f"Message to review: {candidate}")
+    return [
+        {"role": "system",
+         "content": f"{checker_stable_prompt(policy, who)}\n\n{review_instructions(name)}"},
+        {"role": "user", "content": "\n\n".join(turn)},
+    ]
+
+
 async def check_reply(
     caller: Caller,
     backend: str,
@@ -216,15 +259,21 @@ async def check_reply(
     seed: int | None,
     pass_threshold: float,
     boundary_floor: int,
+    review: bool = False,
 ) -> Verdict | None:
-    """Score a candidate; ``None`` when the checker's output never parses (the caller flags it)."""
+    """Score a candidate; ``None`` when the checker's output never parses (the caller flags it).
+    With ``review`` the reply also carries the state update (:class:`ReviewOutput`)."""
+    model: type[CheckerOutput] = ReviewOutput if review else CheckerOutput
     output = await caller.structured(
-        role, backend, messages, CheckerOutput, scope, temperature=temperature,
+        role, backend, messages, model, scope, temperature=temperature,
         max_tokens=max_tokens, seed=seed,
     )
     if output is None:
         return None
-    return verdict_from(output, rules, pass_threshold=pass_threshold, boundary_floor=boundary_floor)
+    verdict = verdict_from(output, rules, pass_threshold=pass_threshold, boundary_floor=boundary_floor)
+    if isinstance(output, ReviewOutput):
+        verdict.update = output.state_update
+    return verdict
 
 
 def rewrite_note(draft: str, verdict: Verdict) -> str:

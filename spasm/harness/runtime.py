@@ -128,6 +128,11 @@ class HarnessedAgent:
         if self.layers.retrieval and self.hc.corpus:
             self.examples = load_corpus(self.hc.corpus, self.speaker)
         self.correction: str | None = None
+        #: Level E with ``review: merged``: the checker's call updates the state after the
+        #: draft, instead of a reducer call before it.
+        self.merged_review = (
+            self.layers.verify and self.layers.state and self.hc.review == "merged"
+        )
         self._last_own_index: int | None = None
         self._pending_fallbacks = 0
 
@@ -179,6 +184,10 @@ class HarnessedAgent:
         if self.layers.verify:
             checked = await self._verify(draft, history, prep.block, session, seed, meter)
             draft, self.correction = checked.draft, checked.correction
+        reduction = prep.reduction
+        if self.merged_review and self.state is not None and checked is not None:
+            reduction = self._reviewed_state(history, draft.text, checked)
+            self.state = reduction.state
         if self.state is not None and checked is not None:
             self.state = with_verdict(self.state, checked.verdict)
         self._remember(history, draft.text, prep.intent)
@@ -189,7 +198,7 @@ class HarnessedAgent:
             verdict=checked.verdict if checked else None,
             flagged=checked.flagged if checked else False,
             flag_reason=checked.flag_reason if checked else None,
-            state=self.state, reduction=prep.reduction, intent=prep.intent,
+            state=self.state, reduction=reduction, intent=prep.intent,
             fallbacks=fallbacks + prep.fallbacks + (checked.fallbacks if checked else 0),
             cached_prompt_tokens=meter.cached_prompt_tokens,
             reproducible=not self.layers.window,
@@ -209,7 +218,7 @@ class HarnessedAgent:
         intent = classify_intent(last_client, previous)
         self.intent = intent
         reduction: Reduction | None = None
-        if self.layers.state and self.state is not None:
+        if self.layers.state and self.state is not None and not self.merged_review:
             start = self._last_own_index if self._last_own_index is not None else 0
             recent = history.utterances[start:]
             if recent:
@@ -292,6 +301,16 @@ class HarnessedAgent:
         reduction = await meter.track(msgs, step())
         return reduction if reduction is not None else apply_update(state, None, lines)
 
+    def _reviewed_state(self, history: History, text: str, checked: Verified) -> Reduction:
+        """The state after a merged review: its update applied under the hard constraints,
+        with the partner's messages since this agent last spoke and the accepted reply as the
+        evidence the update may quote. No reviewed update (the check was unavailable or only
+        the code screen judged the accepted text): the state stays as it was."""
+        assert self.state is not None
+        start = self._last_own_index + 1 if self._last_own_index is not None else 0
+        recent = [*history.utterances[start:], Utterance(self.speaker, text)]
+        return apply_update(self.state, checked.update, self.profile.lines(recent))
+
     async def _verify(
         self, draft: Draft, history: History, block: TurnBlock | None,
         session: DialogueSession, seed: int, meter: TurnMeter,
@@ -303,6 +322,7 @@ class HarnessedAgent:
             return await check_candidate(
                 self.profile, policy, self.state, history, text, session, self.hc,
                 seed=derive_seed(seed, "check", n), role="checker", meter=meter,
+                review=self.merged_review,
             )
 
         async def redraft(note: str) -> Draft:

@@ -19,12 +19,13 @@ from spasm.harness.checker import (
     Verdict,
     check_reply,
     checker_messages,
+    review_messages,
     rewrite_note,
     rule_violations,
     screened_verdict,
 )
 from spasm.harness.profile import Profile
-from spasm.harness.state import AgentState, salient_items
+from spasm.harness.state import AgentState, StateUpdate, salient_items
 from spasm.history import History
 
 if TYPE_CHECKING:
@@ -47,14 +48,21 @@ async def check_candidate(
     seed: int,
     role: str,
     meter: TurnMeter | None,
+    review: bool = False,
 ) -> Verdict | None:
     """Check a candidate; ``None`` when the checker never gives a usable answer.
 
     ``meter=None`` (audits) keeps the call out of the cache estimate: an audit is a
-    measurement, not part of the design being measured.
+    measurement, not part of the design being measured. ``review`` (with a state): the same
+    call proposes the state update (``harness.review: merged``).
     """
-    items = salient_items(state, hc.state_items) if state else []
-    msgs = checker_messages(policy, profile.checker_who, items, profile.last_partner(history), text)
+    partner = profile.last_partner(history)
+    review = review and state is not None
+    if review and state is not None:
+        msgs = review_messages(policy, profile.checker_who, profile.name, state, partner, text)
+    else:
+        items = salient_items(state, hc.state_items) if state else []
+        msgs = checker_messages(policy, profile.checker_who, items, partner, text)
     rules = rule_violations(text, profile.speaker, profile.role)
     if rules:
         # A certain breach: fail it without paying for a model's opinion.
@@ -64,8 +72,10 @@ async def check_candidate(
         try:
             return await check_reply(
                 session.caller, profile.backend, msgs, rules, session.scope, role=role,
-                temperature=hc.temperature, max_tokens=hc.checker_max_tokens, seed=seed,
-                pass_threshold=hc.pass_threshold, boundary_floor=hc.boundary_floor,
+                temperature=hc.temperature, seed=seed,
+                # A merged reply holds the reducer's too: the caps add up.
+                max_tokens=hc.checker_max_tokens + (hc.reducer_max_tokens if review else 0),
+                pass_threshold=hc.pass_threshold, boundary_floor=hc.boundary_floor, review=review,
             )
         except BackendError:  # a harness call must not end the dialogue (budget stops still do)
             return None
@@ -96,6 +106,8 @@ class Verified:
     fallbacks: int = 0
     #: The advice of a failed first check, shown at the agent's next turn.
     correction: str | None = None
+    #: A merged review's state update for the accepted text (``None``: no model reviewed it).
+    update: StateUpdate | None = None
 
 
 #: ``check(text, n)`` runs the ``n``-th check of a turn; ``redraft(note)`` writes the rewrite.
@@ -114,6 +126,7 @@ async def verify(draft: Draft, check: Check, redraft: Redraft) -> Verified:
         )
     checks = [first.as_dict()]
     final, attempts, fallbacks = first, 1, 0
+    update = first.update
     flag_reason: str | None = None
     correction: str | None = None
     if not first.passed:
@@ -121,6 +134,7 @@ async def verify(draft: Draft, check: Check, redraft: Redraft) -> Verified:
         draft = await redraft(rewrite_note(draft.text, first))
         attempts = 2
         second = await check(draft.text, 2)
+        update = second.update if second is not None else None
         if second is None:
             fallbacks, flag_reason = 1, "checker_unavailable"
         else:
@@ -136,4 +150,4 @@ async def verify(draft: Draft, check: Check, redraft: Redraft) -> Verified:
         "rewritten": attempts == 2,
     }
     return Verified(draft, attempts, verdict, flag_reason is not None, flag_reason, fallbacks,
-                    correction)
+                    correction, update)

@@ -15,9 +15,11 @@ the harness's code screen before the checker is asked, which would move the prof
         ...
     profile.counts  # {"first_pass": …, "after_rewrite": …, "flagged": …}
 
-Which outcome a turn gets is decided by a hash of the profile's seed and the turn's checker
-prompt without the candidate and the state (the policy and what the partner said): deterministic
-for a seed, whatever the order in which concurrent dialogues reach the server. After a failed
+Which outcome a turn gets is decided by a hash of the profile's seed, who is reviewed and what
+the partner said (not the candidate, the state or the instructions): deterministic for a seed,
+whatever the order in which concurrent dialogues reach the server, and the same turns are drawn
+whether the check also updates the state or not. ``reply_words`` makes free-text turns that
+many words long (lines joined), for cost measured at realistic utterance lengths. After a failed
 draft the turn waits for its rewrite: the next, different candidate with the same prompt.
 """
 
@@ -33,10 +35,11 @@ from spasm.testing.server import default_reply
 
 __all__ = ["CheckerProfile", "is_checker_request"]
 
-#: What the harness's checker asks for (``spasm.harness.checker.CheckerOutput``).
-CHECKER_TITLE = "CheckerOutput"
+#: What the harness's checker asks for (``spasm.harness.checker.CheckerOutput``, or
+#: ``ReviewOutput`` when the same call also updates the state).
+CHECKER_TITLES = ("CheckerOutput", "ReviewOutput")
 _CANDIDATE = "Message to review:"
-_STATE = "Current state:"
+_PARTNER = "The other person just said:"
 
 #: Free-text turns: neutral first-person lines no code screen objects to, of varied length.
 _LINES: tuple[str, ...] = (
@@ -69,17 +72,22 @@ def _schema(body: dict[str, Any]) -> dict[str, Any]:
 
 def is_checker_request(body: dict[str, Any]) -> bool:
     """Whether a chat request body is the harness checker's call."""
-    return _schema(body).get("title") == CHECKER_TITLE
+    return _schema(body).get("title") in CHECKER_TITLES
 
 
 def _split(body: dict[str, Any]) -> tuple[str, str]:
-    """(the turn's checker prompt without the candidate and the state, the candidate).
+    """(what identifies the turn — who is reviewed, what the partner said — the candidate).
 
-    The state is left out so that a design change which moves the state (or shows it
-    differently) does not redraw every turn's outcome: the same turns pass or fail.
+    The state, the policy's wording and the instructions are left out so that a design change
+    which moves the state (or merges the state update into the check) does not redraw every
+    turn's outcome: the same turns pass or fail.
     """
-    blocks = [b for m in body.get("messages") or [] for b in str(m.get("content")).split("\n\n")]
-    kept = [b for b in blocks if not b.startswith((_STATE, _CANDIDATE))]
+    messages = body.get("messages") or []
+    blocks = [b for m in messages for b in str(m.get("content")).split("\n\n")]
+    # Who is reviewed (the first paragraph of the instructions, which names them) and what the
+    # partner said: the same whether the call also updates the state or not.
+    who = str(messages[0].get("content")).split("\n\n", 1)[0] if messages else ""
+    kept = [who, *(b for b in blocks if b.startswith(_PARTNER))]
     candidate = next((b for b in reversed(blocks) if b.startswith(_CANDIDATE)), "")
     return "\n\n".join(kept), candidate
 
@@ -92,9 +100,16 @@ class CheckerProfile:
     after_rewrite``) fail both and are flagged.
     """
 
-    def __init__(self, first_pass: float = 0.85, after_rewrite: float = 0.12, seed: int = 0) -> None:
+    def __init__(
+        self, first_pass: float = 0.85, after_rewrite: float = 0.12, seed: int = 0,
+        reply_words: int | None = None,
+    ) -> None:
         if not (0.0 <= first_pass <= 1.0 and 0.0 <= after_rewrite <= 1.0 - first_pass + 1e-9):
             raise ValueError("need 0 <= first_pass, after_rewrite and first_pass + after_rewrite <= 1")
+        if reply_words is not None and reply_words < 1:
+            raise ValueError("reply_words must be at least 1")
+        #: Words of each free-text turn (lines joined, then cut); ``None``: one line as it is.
+        self.reply_words = reply_words
         self.first_pass = first_pass
         self.after_rewrite = after_rewrite
         self.seed = seed
@@ -111,6 +126,16 @@ class CheckerProfile:
             return "first_pass"
         return "after_rewrite" if u < self.first_pass + self.after_rewrite else "flagged"
 
+    def _line(self, n: int) -> str:
+        if self.reply_words is None:
+            return _LINES[n % len(_LINES)]
+        words: list[str] = []
+        i = n
+        while len(words) < self.reply_words:
+            words += _LINES[i % len(_LINES)].split()
+            i += 1
+        return " ".join(words[: self.reply_words])
+
     def __call__(self, body: dict[str, Any]) -> str:
         """The reply to one request: a scripted verdict for a checker call, else the default."""
         if not is_checker_request(body):
@@ -122,7 +147,7 @@ class CheckerProfile:
                                   digest_size=8).digest()
             n = int.from_bytes(key, "big")
             # The number keeps each turn's checker prompt (which quotes the partner) distinct.
-            return f"{_LINES[n % len(_LINES)]} (ref {n % 100_000:05d})"
+            return f"{self._line(n)} (ref {n % 100_000:05d})"
         turn, candidate = _split(body)
         outcome = self.outcome(turn)
         with self._lock:
@@ -136,4 +161,6 @@ class CheckerProfile:
                 self._waiting[turn] = candidate
             else:
                 self._waiting.pop(turn, None)
-        return json.dumps(_PASS if passed else _FAIL)
+        # The verdict is scripted; anything else the call asks for (a merged review's state
+        # update) is the server's default instance of the schema.
+        return json.dumps({**json.loads(default_reply(body)), **(_PASS if passed else _FAIL)})
