@@ -212,6 +212,16 @@ class HarnessConfig(_Strict):
     audit: bool = False
     #: After each dialogue, ask each agent what its partner said first (role ``probe``).
     recall_probe: bool = False
+    #: Where the probes ask, as fractions of the dialogue: 0 is the partner's first message,
+    #: 0.5 its first at or after the middle (one ``probe`` call per agent and depth).
+    probe_depths: list[float] = Field(default_factory=lambda: [0.0], min_length=1, max_length=10)
+
+    @field_validator("probe_depths")
+    @classmethod
+    def _depths(cls, v: list[float]) -> list[float]:
+        if any(not 0 <= d < 1 for d in v) or len(set(v)) != len(v):
+            raise ValueError("probe_depths are distinct fractions in [0, 1), e.g. [0, 0.25, 0.5, 0.75]")
+        return v
 
     @field_validator("levels")
     @classmethod

@@ -26,7 +26,7 @@ from spasm.dataset.rows import CallRow, DialogueRow, ErrorRow, TurnRow
 from spasm.errors import BudgetExceededError
 from spasm.harness import HarnessedAgent
 from spasm.harness.levels import layers, level_label
-from spasm.harness.measure import AuditResult, auditors, recall_probe
+from spasm.harness.measure import AuditResult, auditors, recall_probes
 from spasm.history import History
 from spasm.projection import Viewer, messages_digest
 from spasm.session import DialogueSession
@@ -170,12 +170,13 @@ async def _probe(
     agents: tuple[TurnAgent, TurnAgent], history: History, session: DialogueSession,
     config: RunConfig, turns: list[TurnRow],
 ) -> None:
-    """Each agent's recall probe, stored on its last turn."""
+    """Each agent's recall probes (one per depth), stored on its last turn as
+    ``{"probes": [...]}`` (:mod:`spasm.harness.probe`)."""
     for agent in agents:
-        answer = await recall_probe(agent, history, session, config)
+        probes = await recall_probes(agent, history, session, config)
         own = [t for t in turns if t.speaker == agent.speaker]
-        if answer is not None and own:
-            own[-1].probe = json.dumps(answer, ensure_ascii=False)
+        if probes and own:
+            own[-1].probe = json.dumps({"probes": probes}, ensure_ascii=False)
 
 
 async def simulate_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueResult:

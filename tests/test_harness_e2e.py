@@ -269,6 +269,9 @@ def test_the_report_has_every_level_and_the_token_ratios(server: Any, tmp_path: 
     assert a["state_turns"] == 0 and e["state_turns"] == 16
     assert e["calls_per_turn"] > a["calls_per_turn"]
     assert a["recall_responder"] is not None and e["recall_out_of_window_share"] == 1.0
+    # The test server reports no cached tokens: the cost falls back to spasm's estimate.
+    assert report["cost_source"] == "estimate"
+    assert e["metrics"]["cache_adjusted_tokens_per_dialogue"]["value"] < e["tokens_per_dialogue"]
     assert set(report["token_ratio_vs_A"]) == {"B", "C", "D", "E"}
     assert report["token_ratio_vs_A"]["E"]["pairs"] == 2
     # The by-length curve ends at the whole dialogue, where it equals the paired ratio.

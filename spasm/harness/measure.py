@@ -10,7 +10,8 @@ estimate, which measures the design, not its measurements.
   checked like a candidate (role ``audit``) and never rewritten, so the boundary-violation rate
   can be compared across levels. The verdict (``mode: audit``) goes to ``turns.checker_verdict``
   and its violations and advice into the control fields of the stored state.
-* **Recall probe** (``harness.recall_probe``): see :mod:`spasm.harness.probe`.
+* **Recall probes** (``harness.recall_probe``, at ``harness.probe_depths``): see
+  :mod:`spasm.harness.probe`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from spasm.agents import derive_seed
 from spasm.backends.base import ChatRequest
 from spasm.errors import BackendError
 from spasm.harness.levels import layers
-from spasm.harness.probe import PROBE_QUESTION, fact_words, recall
+from spasm.harness.probe import fact_words, probe_question, probe_targets, recall
 from spasm.harness.profile import Profile, profile_of, resolve_policy
 from spasm.harness.verify import check_candidate, with_verdict
 from spasm.history import History
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from spasm.harness.state import AgentState
     from spasm.session import DialogueSession
 
-__all__ = ["AuditResult", "Auditor", "auditors", "recall_probe"]
+__all__ = ["AuditResult", "Auditor", "auditors", "recall_probes"]
 
 
 @dataclass(frozen=True)
@@ -106,38 +107,42 @@ def auditors(
     }
 
 
-async def recall_probe(
+async def recall_probes(
     agent: TurnAgent, history: History, session: DialogueSession, config: RunConfig
-) -> dict[str, Any] | None:
-    """Ask the agent what its partner said first; score the answer in code.
+) -> list[dict[str, Any]]:
+    """Ask the agent what its partner said at each of ``harness.probe_depths``; score in code.
 
-    The agent gets the prompt it would see for a next turn plus :data:`PROBE_QUESTION`
-    (role ``probe``, temperature 0). ``None`` when the partner never spoke.
+    Each probe is one call (role ``probe``, temperature 0): the prompt the agent would see for
+    a next turn plus the question of :func:`~spasm.harness.probe.probe_question`. Empty when
+    the partner never spoke. The first message's probe keeps the seed (and so the request) of
+    the single probe that came before depth probes.
     """
     partner = "responder" if agent.speaker == "client" else "client"
-    first = next(
-        ((i, u) for i, u in enumerate(history.utterances) if u.speaker == partner), None
-    )
-    if first is None:
-        return None
-    index, opening = first
-    facts = fact_words(opening.content)
+    targets = probe_targets([u.speaker for u in history.utterances], partner,
+                            config.harness.probe_depths)
+    if not targets:
+        return []
     prompt = agent.next_prompt(history, session)
-    messages: list[Message] = [*prompt.messages, {"role": "system", "content": PROBE_QUESTION}]
-    request = ChatRequest(messages=tuple(messages), temperature=0.0, max_tokens=60,
-                          seed=derive_seed(session.seed, "probe", agent.speaker))
-    try:
-        completion = await session.complete(
-            "probe", config.harness.backend or agent.backend, request
-        )
-    except BackendError as exc:
-        return {"opening_index": index, "facts": facts, "answer": None,
-                "recall": None, "error": type(exc).__name__}
-    answer = completion.text.strip()
-    return {
-        "opening_index": index,
-        "in_window": index >= prompt.verbatim_from,
-        "facts": facts,
-        "answer": answer,
-        "recall": recall(facts, answer),
-    }
+    backend = config.harness.backend or agent.backend
+    out = []
+    for target in targets:
+        facts = fact_words(history.utterances[target.index].content)
+        record: dict[str, Any] = {
+            "depth": target.depth, "index": target.index, "partner_message": target.ordinal,
+            "distance": len(history) - 1 - target.index,
+            "in_window": target.index >= prompt.verbatim_from, "facts": facts,
+        }
+        where = () if target.ordinal == 1 else (target.index,)
+        messages: list[Message] = [
+            *prompt.messages, {"role": "system", "content": probe_question(target)}
+        ]
+        request = ChatRequest(messages=tuple(messages), temperature=0.0, max_tokens=60,
+                              seed=derive_seed(session.seed, "probe", agent.speaker, *where))
+        try:
+            completion = await session.complete("probe", backend, request)
+        except BackendError as exc:
+            out.append({**record, "answer": None, "recall": None, "error": type(exc).__name__})
+            continue
+        answer = completion.text.strip()
+        out.append({**record, "answer": answer, "recall": recall(facts, answer)})
+    return out

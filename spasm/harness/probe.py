@@ -1,31 +1,103 @@
-"""A cheap long-range fact-recall probe: a fact stated early, asked about late.
+"""Long-range fact-recall probes: facts stated early (or at set depths), asked about late.
 
-The fact is what the *partner* said in its first message (for the Responder: the Client's
-opening, which states why it came; for the Client: the Responder's first reply). After the
-dialogue, each agent gets the prompt it would see for its next turn plus one question (role
-``probe``, temperature 0) and its answer is scored in code: the share of the opening's content
-words (up to :data:`MAX_FACT_WORDS`, matched on a 5-letter stem) that the answer contains.
-No judge model, one short call per agent per dialogue. At level A the opening is still in the
-prompt verbatim; from level B on it has usually left the window, so the probe measures what the
-structured record kept. The probe is run from outside the agent, after the dialogue, by
-:func:`spasm.harness.measure.recall_probe`.
+After the dialogue each agent is asked what its *partner* said at a few positions of the
+dialogue (``harness.probe_depths``, fractions of its length: ``0`` is the partner's first
+message — for the Responder the Client's opening, which says why it came — ``0.5`` the partner's
+first message at or after the middle). Each probe is one short call (role ``probe``,
+temperature 0) on the prompt the agent would see for its next turn plus one question; the
+answer is scored in code: the share of the probed message's content words (up to
+:data:`MAX_FACT_WORDS`, matched on a 5-letter stem) that the answer contains. No judge model.
+At level A every probed message is still in the prompt verbatim; from level B on the early ones
+have left the window, so the probe measures what the structured record kept.
+
+**How a message is named in the question.** Quoting its first words would hand the answer to
+the model, so a message is named by its place among the partner's messages: "their very first
+message" (the depth-0 question is :data:`PROBE_QUESTION`, unchanged since the single probe),
+else "their message number *k* of the *m* they have sent so far (*m − k* before their
+latest)". Both anchors are given because a model counts more reliably from the nearer end, and
+both can be read off its prompt: at level A the partner's messages are all there in order; from
+level B on only the last ``window`` are, and an older one has to come from the record.
+
+Stored on each speaker's last turn (``turns.probe``) as ``{"probes": [...]}``, one dict per
+probed message: ``depth``, ``index`` (of the utterance), ``partner_message`` (its place among
+the partner's), ``distance`` (utterances said after it), ``in_window`` (still verbatim in the
+agent's prompt), ``facts``, ``answer``, ``recall`` (and ``error`` when the call failed). Runs
+written before depth probes hold a single dict (``opening_index``, ``in_window``, ``facts``,
+``answer``, ``recall``); :func:`read_probes` reads either. The probes are run from outside the
+agent by :func:`spasm.harness.measure.recall_probes`.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
 from spasm.harness.context import content_words
 
-__all__ = ["MAX_FACT_WORDS", "PROBE_QUESTION", "fact_words", "recall"]
+__all__ = [
+    "MAX_FACT_WORDS", "PROBE_QUESTION", "ProbeTarget", "fact_words", "probe_question",
+    "probe_targets", "read_probes", "recall",
+]
 
 MAX_FACT_WORDS = 8
 PROBE_QUESTION = (
     "Pause the conversation for a moment. From memory, in one short sentence: what did the "
     "other person say in their very first message? Answer only that."
 )
+_NTH_QUESTION = (
+    "Pause the conversation for a moment. From memory, in one short sentence: what did the "
+    "other person say in their message number {k} of the {m} they have sent so far ({where})? "
+    "Answer only that."
+)
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """One partner message to ask about."""
+
+    #: The configured depth (fraction of the dialogue) that chose it.
+    depth: float
+    #: Its index in the history (0 = the dialogue's first utterance).
+    index: int
+    #: Its place among the partner's messages, 1 = the first.
+    ordinal: int
+    #: How many messages the partner has sent in all.
+    of: int
+
+
+def probe_targets(speakers: Sequence[str], partner: str, depths: Sequence[float]) -> list[ProbeTarget]:
+    """The partner messages the probes ask about, one per distinct message.
+
+    A depth ``d`` picks the partner's first message at or after utterance ``floor(d * n)`` of
+    the ``n`` in the dialogue (its last message when none is that late). Depths that pick the
+    same message (a short dialogue) are asked once, under the first of them.
+    """
+    theirs = [i for i, s in enumerate(speakers) if s == partner]
+    if not theirs:
+        return []
+    out: list[ProbeTarget] = []
+    for depth in depths:
+        start = math.floor(depth * len(speakers))
+        index = next((i for i in theirs if i >= start), theirs[-1])
+        if all(t.index != index for t in out):
+            out.append(ProbeTarget(depth, index, theirs.index(index) + 1, len(theirs)))
+    return out
+
+
+def probe_question(target: ProbeTarget) -> str:
+    """The question for ``target``: its place among the partner's messages, never its words."""
+    if target.ordinal == 1:
+        return PROBE_QUESTION
+    back = target.of - target.ordinal
+    where = "their latest" if back == 0 else f"{back} before their latest"
+    return _NTH_QUESTION.format(k=target.ordinal, m=target.of, where=where)
 
 
 def fact_words(opening: str) -> list[str]:
-    """The words a recall answer should contain: the opening's first content words."""
+    """The words a recall answer should contain: the message's first content words."""
     return content_words(opening)[:MAX_FACT_WORDS]
 
 
@@ -39,3 +111,26 @@ def recall(facts: list[str], answer: str) -> float | None:
         return None
     said = {_stem(w) for w in content_words(answer)}
     return round(sum(_stem(f) in said for f in facts) / len(facts), 4)
+
+
+def read_probes(raw: object, n_utterances: int | None = None) -> list[dict[str, Any]]:
+    """The probes stored in one ``turns.probe`` value, whichever format wrote them.
+
+    New runs store ``{"probes": [...]}``; a plain list is read too; a run from before depth
+    probes holds one dict about the partner's first message, read as a depth-0 probe (its
+    ``distance`` is filled in from ``n_utterances`` when given). Empty for a missing value.
+    """
+    if not isinstance(raw, str) or not raw:
+        return []
+    data = json.loads(raw)
+    if isinstance(data, dict) and isinstance(data.get("probes"), list):
+        return [p for p in data["probes"] if isinstance(p, dict)]
+    if isinstance(data, list):
+        return [p for p in data if isinstance(p, dict)]
+    if not isinstance(data, dict):
+        return []
+    index = data.get("opening_index")
+    legacy = {"depth": 0.0, "index": index, "partner_message": 1, **data}
+    if n_utterances is not None and isinstance(index, int):
+        legacy.setdefault("distance", n_utterances - 1 - index)
+    return [legacy]

@@ -1,29 +1,28 @@
 """The per-level harness report: what each ablation level buys and what it costs.
 
 :func:`level_report` reads a run directory and writes ``harness_report.json`` and
-``harness_report.md`` into it. Per harness level:
-
-* **boundary-violation rate** — share of checked replies (level E's checker, or the ``audit``
-  checker at lower levels) whose *accepted* version breached a boundary; plus fail, rewrite
-  and flag rates;
-* **state continuity** — share of turns where the reducer's hard constraints had to clip a
-  value the model proposed (lower is smoother), and clips per turn;
-* **long-range fact recall** — the probe's score (see :mod:`spasm.harness.probe`);
-* **style consistency** — cosine of function-word profiles, first vs second half of each
-  agent's turns;
-* **calls, tokens and latency per turn**, and tokens per dialogue, with the cache estimate.
+``harness_report.md`` into it. Per harness level, ``metrics`` holds every metric of the
+design's evaluation with a 95% bootstrap interval over dialogues (:mod:`spasm.harness.metrics`
+defines them): boundary-violation rate, decision consistency in similar situations, state
+continuity (jumps, clips, step violations), style similarity to the persona's policy and
+first-vs-second-half style consistency, long-range fact recall (pooled, out of the window, and
+by probe depth in ``recall_by_depth``), latency and tokens per turn, tokens per dialogue raw and
+cache-adjusted, and the share of turns with a harness fallback. A metric a level does not have
+is ``null`` in the JSON and "n/a" in the table. Next to them the level keeps its descriptive
+counts (calls per role, fail/rewrite/flag rates, …).
 
 Token accounting: the measurement roles ``audit`` and ``probe`` are reported apart (they
 exist only to produce this report), and so is ``policy`` (extracted once per persona per run,
 whichever dialogue happened to trigger it). Everything else — the agents' own calls,
 ``rewrite``, ``reducer``, ``context``, ``checker`` and the termination judge — is the cost of a
-level. Level ratios are paired: same persona, conversation, pairing and condition.
+level. Level ratios are paired: same persona, conversation, pairing and condition. The
+cache-adjusted cost uses the prompt tokens the API reported as cached (``calls.cached_tokens``)
+when any call reports some, else spasm's prefix estimate; ``cost_source`` says which.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,51 +32,29 @@ import pandas as pd
 from spasm.dataset import open_run
 from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
+from spasm.harness.metrics import (
+    DEFINITIONS,
+    MEASUREMENT_ROLES,
+    ONE_OFF_ROLES,
+    RESAMPLES,
+    dialogue_metrics,
+    level_estimates,
+    recall_by_depth,
+    style_consistency,
+)
+from spasm.harness.probe import read_probes
 
 __all__ = ["MEASUREMENT_ROLES", "ONE_OFF_ROLES", "level_report", "style_consistency"]
 
-MEASUREMENT_ROLES = frozenset({"audit", "probe"})
-ONE_OFF_ROLES = frozenset({"policy"})
 _PAIR_KEYS = ["persona_id", "conversation_index", "pairing", "condition"]
-_FUNCTION_WORDS = (
-    "i", "me", "my", "you", "your", "we", "it", "is", "am", "are", "was", "the", "a", "an", "and",
-    "but", "so", "or", "because", "if", "then", "just", "really", "very", "not", "no", "yes", "please",
-    "thanks", "thank", "sorry", "well", "oh", "okay", "maybe", "actually", "also", "that", "this",
-    "what", "how", "why", "when", "can", "could", "would", "should", "will", "do", "does", "did",
-    "have", "has", "had",
-)
-
-
-def _read(run_dir: Path, table: str) -> pd.DataFrame | None:
-    run = open_run(run_dir)
-    return run.df(table) if run.has(table) else None
-
-
-def _profile(texts: list[str]) -> list[float]:
-    words = " ".join(texts).lower().replace("?", " ? ").replace("!", " ! ").split()
-    counts = Counter(words)
-    return [float(counts[w]) for w in (*_FUNCTION_WORDS, "?", "!")]
-
-
-def _cosine(a: list[float], b: list[float]) -> float | None:
-    na = math.sqrt(sum(x * x for x in a))
-    nb = math.sqrt(sum(x * x for x in b))
-    if not na or not nb:
-        return None
-    return sum(x * y for x, y in zip(a, b, strict=True)) / (na * nb)
-
-
-def style_consistency(texts: list[str]) -> float | None:
-    """Cosine between the function-word profiles of the first and second half of ``texts``."""
-    if len(texts) < 4:
-        return None
-    half = len(texts) // 2
-    return _cosine(_profile(texts[:half]), _profile(texts[half:]))
+#: The turns columns the report reads (``messages``, the largest, is not one of them).
+_TURN_COLUMNS = ["dialogue_id", "turn_index", "speaker", "text", "checker_verdict", "flagged",
+                 "intent", "state", "state_clips", "state_log", "harness_fallbacks",
+                 "cached_prompt_tokens", "probe"]
 
 
 def _mean(values: list[float]) -> float | None:
-    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    return round(sum(vals) / len(vals), 4) if vals else None
+    return round(sum(values) / len(values), 4) if values else None
 
 
 def _rate(num: int, den: int) -> float | None:
@@ -101,96 +78,81 @@ def _verdicts(turns: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def _level_metrics(
+def _level_counts(
     level: str, dialogues: pd.DataFrame, turns: pd.DataFrame, calls: pd.DataFrame,
-    cache_discount: float,
+    adjusted: pd.Series,
 ) -> dict[str, Any]:
+    """A level's descriptive figures (point values; the metrics with intervals come apart)."""
     ids = set(dialogues.dialogue_id)
     t = turns[turns.dialogue_id.isin(ids)]
     c = calls[calls.dialogue_id.isin(ids)]
-    n_dialogues = len(ids)
-    n_turns = len(t)
+    n_dialogues = max(len(ids), 1)
+    per_turn = max(len(t), 1)
     cost = c[~c.role.isin(MEASUREMENT_ROLES | ONE_OFF_ROLES)]
-    prompt = int(cost.prompt_tokens.sum())
-    completion = int(cost.completion_tokens.sum())
-    cached = int(t.cached_prompt_tokens.fillna(0).sum()) if "cached_prompt_tokens" in t else 0
-    verdicts = _verdicts(t) if "checker_verdict" in t else []
-    checked = [v for v in verdicts if v.get("pass") is not None or v.get("fallback")]
+    tokens = int(cost.prompt_tokens.sum() + cost.completion_tokens.sum())
+    api_cached = int(cost.cached_tokens.fillna(0).sum()) if "cached_tokens" in cost else 0
+    verdicts = _verdicts(t)
     decided = [v for v in verdicts if v.get("pass") is not None]
-    boundary = [v for v in decided if v.get("boundary_violation")]
     first_fail = [v for v in verdicts if v.get("mode") == "verify" and v.get("checks")
                   and not v["checks"][0]["pass"]]
-    state_turns = t[t.state.notna()] if "state" in t else t.iloc[0:0]
+    state_turns = t[t.state.notna()]
     recalls: dict[str, list[float]] = {"client": [], "responder": []}
     out_of_window: list[bool] = []
-    for speaker, raw in zip(t.speaker, t.probe if "probe" in t else [], strict=False):
-        if isinstance(raw, str):
-            p = json.loads(raw)
+    for speaker, raw in zip(t.speaker, t.probe, strict=True):
+        for p in read_probes(raw):
             if p.get("recall") is not None:
                 recalls[speaker].append(p["recall"])
-                out_of_window.append(not p.get("in_window", True))
-    styles = []
-    for _, g in t.sort_values(["dialogue_id", "turn_index"]).groupby(["dialogue_id", "speaker"]):
-        s = style_consistency(list(g.text))
-        if s is not None:
-            styles.append(s)
-    per_turn = max(n_turns, 1)
+                out_of_window.append(p.get("in_window") is False)
     return {
         "level": level,
-        "dialogues": n_dialogues,
+        "dialogues": len(ids),
         "utterances_per_dialogue": _mean(list(dialogues.n_utterances.astype(float))),
         "calls_per_turn": round(len(cost) / per_turn, 3),
         "calls_per_turn_by_role": {
             r: round(int(n) / per_turn, 3) for r, n in c.groupby("role").size().items()
         },
-        "prompt_tokens_per_turn": round(prompt / per_turn, 1),
-        "completion_tokens_per_turn": round(completion / per_turn, 1),
-        "tokens_per_turn": round((prompt + completion) / per_turn, 1),
-        "tokens_per_dialogue": round((prompt + completion) / max(n_dialogues, 1), 1),
-        "cached_prompt_tokens_per_dialogue": round(cached / max(n_dialogues, 1), 1),
+        "prompt_tokens_per_turn": round(float(cost.prompt_tokens.sum()) / per_turn, 1),
+        "completion_tokens_per_turn": round(float(cost.completion_tokens.sum()) / per_turn, 1),
+        "tokens_per_turn": round(tokens / per_turn, 1),
+        "tokens_per_dialogue": round(tokens / n_dialogues, 1),
+        "cached_prompt_tokens_per_dialogue": round(
+            float(t.cached_prompt_tokens.fillna(0).sum()) / n_dialogues, 1),
+        "api_cached_tokens_per_dialogue": round(api_cached / n_dialogues, 1),
         "cache_adjusted_tokens_per_dialogue": round(
-            (prompt + completion - cache_discount * cached) / max(n_dialogues, 1), 1
-        ),
+            float(adjusted.reindex(list(ids)).fillna(0).sum()) / n_dialogues, 1),
         "latency_s_per_turn": round(float(cost.latency_s.sum()) / per_turn, 4),
         "measurement_tokens_per_dialogue": round(
             float(c[c.role.isin(MEASUREMENT_ROLES)][["prompt_tokens", "completion_tokens"]]
-                  .to_numpy().sum()) / max(n_dialogues, 1), 1),
+                  .to_numpy().sum()) / n_dialogues, 1),
         "one_off_policy_tokens": int(
             c[c.role.isin(ONE_OFF_ROLES)][["prompt_tokens", "completion_tokens"]].to_numpy().sum()
         ),
-        "checked_turns": len(checked),
-        "boundary_violation_rate": _rate(len(boundary), len(decided)),
+        "checked_turns": sum(1 for v in verdicts if v.get("pass") is not None or v.get("fallback")),
+        "boundary_violation_rate": _rate(sum(bool(v.get("boundary_violation")) for v in decided),
+                                         len(decided)),
         "check_fail_rate": _rate(sum(1 for v in decided if not v["pass"]), len(decided)),
         "first_check_fail_rate": _rate(len(first_fail), sum(
             1 for v in verdicts if v.get("mode") == "verify" and v.get("checks"))),
-        "rewrite_rate": _rate(sum(1 for v in verdicts if v.get("rewritten")), n_turns),
-        "flagged_rate": _rate(int(t.flagged.fillna(False).astype(bool).sum()), n_turns),
+        "rewrite_rate": _rate(sum(1 for v in verdicts if v.get("rewritten")), len(t)),
+        "flagged_rate": _rate(int(t.flagged.fillna(False).astype(bool).sum()), len(t)),
         "state_turns": len(state_turns),
         "state_clip_turn_share": _rate(int((state_turns.state_clips > 0).sum()), len(state_turns)),
         "state_clips_per_turn": round(float(state_turns.state_clips.mean()), 3)
         if len(state_turns) else None,
-        "harness_fallbacks": int(t.harness_fallbacks.fillna(0).sum())
-        if "harness_fallbacks" in t else 0,
-        "fallbacks_per_turn": round(float(t.harness_fallbacks.fillna(0).sum()) / per_turn, 4)
-        if "harness_fallbacks" in t else 0.0,
+        "harness_fallbacks": int(t.harness_fallbacks.fillna(0).sum()),
         "recall_responder": _mean(recalls["responder"]),
         "recall_client": _mean(recalls["client"]),
         "recall_out_of_window_share": _rate(sum(out_of_window), len(out_of_window)),
-        "style_consistency": _mean(styles),
         "_verdicts": verdicts,
     }
 
 
-def _ratios(dialogues: pd.DataFrame, calls: pd.DataFrame, turns: pd.DataFrame,
-            cache_discount: float) -> dict[str, Any]:
+def _ratios(dialogues: pd.DataFrame, calls: pd.DataFrame, adjusted: pd.Series) -> dict[str, Any]:
     cost = calls[~calls.role.isin(MEASUREMENT_ROLES | ONE_OFF_ROLES)]
     tokens = (cost.prompt_tokens + cost.completion_tokens).groupby(cost.dialogue_id).sum()
-    cached = turns.groupby("dialogue_id").cached_prompt_tokens.sum() \
-        if "cached_prompt_tokens" in turns else pd.Series(dtype=float)
     d = dialogues.set_index("dialogue_id")
     d = d.assign(tokens=tokens.reindex(d.index).fillna(0),
-                 cached=cached.reindex(d.index).fillna(0))
-    d["adjusted"] = d.tokens - cache_discount * d.cached
+                 adjusted=adjusted.reindex(d.index).fillna(0))
     base = d[d.harness_level == "A"].reset_index().set_index(_PAIR_KEYS)
     out: dict[str, Any] = {}
     for level in sorted(set(d.harness_level) - {"A"}):
@@ -297,16 +259,30 @@ _COLUMNS = [
     ("dialogues", "dialogues"),
     ("utterances_per_dialogue", "utterances/dlg"),
     ("calls_per_turn", "calls/turn"),
-    ("tokens_per_turn", "tokens/turn"),
-    ("tokens_per_dialogue", "tokens/dlg"),
-    ("cache_adjusted_tokens_per_dialogue", "cache-adj. tokens/dlg"),
-    ("latency_s_per_turn", "latency s/turn"),
-    ("boundary_violation_rate", "boundary viol."),
+    ("checked_turns", "checked"),
+    ("check_fail_rate", "check fail"),
+    ("rewrite_rate", "rewritten"),
     ("flagged_rate", "flagged"),
-    ("state_clip_turn_share", "turns clipped"),
-    ("recall_responder", "recall (resp.)"),
-    ("recall_client", "recall (client)"),
-    ("style_consistency", "style cons."),
+    ("state_turns", "state turns"),
+    ("harness_fallbacks", "fallbacks"),
+]
+#: The metrics table's rows, in the design's order.
+_METRIC_ROWS = [
+    ("boundary_violation_rate", "boundary-violation rate"),
+    ("decision_consistency", "decision consistency"),
+    ("state_jump_rate", "state: turns with a jump"),
+    ("state_clip_rate", "state: turns clipped"),
+    ("state_clips_per_turn", "state: clips/turn"),
+    ("state_step_violation_rate", "state: steps over the limit"),
+    ("style_similarity", "style similarity (Client)"),
+    ("style_consistency", "style consistency"),
+    ("recall", "fact recall (all depths)"),
+    ("recall_out_of_window", "fact recall, out of window"),
+    ("latency_s_per_turn", "latency s/turn"),
+    ("tokens_per_turn", "tokens/turn"),
+    ("tokens_per_dialogue", "tokens/dialogue"),
+    ("cache_adjusted_tokens_per_dialogue", "cache-adjusted tokens/dialogue"),
+    ("fallback_turn_share", "turns with a fallback"),
     ("fallbacks_per_turn", "fallbacks/turn"),
 ]
 
@@ -319,9 +295,37 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _fmt_ci(e: dict[str, Any] | None) -> str:
+    if e is None:
+        return "n/a"
+    lo, hi = e["ci95"]
+    return f"{_fmt(float(e['value']))} [{_fmt(float(lo))}, {_fmt(float(hi))}]"
+
+
+def _metrics_table(levels: dict[str, Any]) -> list[str]:
+    names = list(levels)
+    lines = ["| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for key, label in _METRIC_ROWS:
+        lines.append(f"| {label} | " + " | ".join(
+            _fmt_ci(levels[n]["metrics"].get(key)) for n in names) + " |")
+    depths = sorted({d for m in levels.values() for d in m["recall_by_depth"]}, key=float)
+    for depth in depths:
+        cells = []
+        for n in names:
+            at = levels[n]["recall_by_depth"].get(depth)
+            cells.append("n/a" if at is None else
+                         f"{_fmt_ci(at['recall'])} ({at['probes']}, {_fmt(at['mean_distance'])})")
+        lines.append(f"| fact recall, depth {depth} (probes, distance) | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _markdown(report: dict[str, Any]) -> str:
     levels = report["levels"]
-    lines = ["# Persona Harness report", "", f"Run: `{report['run_dir']}`", ""]
+    lines = ["# Persona Harness report", "", f"Run: `{report['run_dir']}`", "",
+             "## Metrics per level", "", report["ci_method"], ""]
+    lines += _metrics_table(levels)
+    lines += ["", f"Cache-adjusted cost: {report['cost_source_note']}", "",
+              "## Counts per level", ""]
     lines.append("| level | " + " | ".join(h for _, h in _COLUMNS) + " |")
     lines.append("|---" * (len(_COLUMNS) + 1) + "|")
     for name, m in levels.items():
@@ -351,50 +355,88 @@ def _markdown(report: dict[str, Any]) -> str:
     if f["fail_rate_by_emotion"]:
         lines += ["", "Fail rate by dominant emotion: " + ", ".join(
             f"{k} {v:.2f}" for k, v in f["fail_rate_by_emotion"].items())]
+    lines += ["", "## Definitions", ""] + [f"- **{k}**: {v}" for k, v in report["definitions"].items()]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _tables(run: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None,
+                                dict[str, Any] | None]:
+    """dialogues, turns (the columns the report reads), calls, personas and the run config."""
+    opened = open_run(run)
+    if not all(opened.has(t) for t in ("dialogues", "turns", "calls")):
+        raise UserError(f"{run} has no completed dialogues to report on (run `spasm generate`).")
+    dialogues = opened.df("dialogues")
+    if dialogues.empty:
+        raise UserError(f"{run} has no completed dialogues to report on (run `spasm generate`).")
+    if "harness_level" not in dialogues:
+        raise UserError(f"{run} was written before the harness existed (no harness_level column).")
+    turns = opened.df("turns", columns=_TURN_COLUMNS)
+    for col, default in (("cached_prompt_tokens", 0), ("state", None), ("state_clips", 0),
+                         ("state_log", None), ("harness_fallbacks", 0), ("probe", None),
+                         ("intent", None), ("checker_verdict", None), ("flagged", False)):
+        if col not in turns:
+            turns[col] = default
+    calls = opened.df("calls")
+    if "cached_tokens" not in opened.stored_columns("calls"):
+        # Written before calls reported cached tokens: no API figure, whatever a reader fills in.
+        calls = calls.drop(columns=["cached_tokens"], errors="ignore")
+    personas = opened.df("personas") if opened.has("personas") else None
+    return dialogues, turns, calls, personas, opened.config
+
+
+def _cost_note(source: str, cache_discount: float) -> str:
+    if source == "api":
+        return ("prompt tokens the API reported as cached (calls.cached_tokens), at each "
+                "backend's cached input price relative to its input price (prices), or at "
+                f"{1 - cache_discount:.0%} for a backend without prices.")
+    return ("no call reported cached tokens, so spasm's estimate (turns.cached_prompt_tokens: "
+            "prompt tokens an exact-prefix cache could serve within the dialogue, no provider "
+            f"minimum) is billed at {1 - cache_discount:.0%} of an input token.")
 
 
 def level_report(run_dir: str | Path, *, cache_discount: float = 0.5) -> dict[str, Any]:
     """Compute the per-level report of a run and write ``harness_report.{json,md}`` into it.
 
     ``cache_discount`` is the share of a cached prompt token's price a provider waives (0.5
-    for OpenAI; 0.9 for providers that bill cache hits at a tenth).
+    for OpenAI; 0.9 for providers that bill cache hits at a tenth); it prices the estimate,
+    and API-reported cached tokens of a backend whose config sets no prices.
     """
     run = Path(run_dir)
-    dialogues, turns, calls = (_read(run, t) for t in ("dialogues", "turns", "calls"))
-    if dialogues is None or turns is None or calls is None or dialogues.empty:
-        raise UserError(f"{run} has no completed dialogues to report on (run `spasm generate`).")
-    if "harness_level" not in dialogues:
-        raise UserError(f"{run} was written before the harness existed (no harness_level column).")
-    for col, default in (("cached_prompt_tokens", 0), ("state", None), ("state_clips", 0),
-                         ("harness_fallbacks", 0), ("probe", None), ("intent", None)):
-        if col not in turns:
-            turns[col] = default
+    dialogues, turns, calls, personas, config = _tables(run)
+    per_dialogue, probes, source = dialogue_metrics(dialogues, turns, calls, personas, config,
+                                                    cache_discount)
+    adjusted = per_dialogue["cache_adjusted_tokens_per_dialogue__num"]
     levels: dict[str, Any] = {}
     verdicts: list[dict[str, Any]] = []
-    for level in sorted(set(dialogues.harness_level)):
-        d = dialogues[dialogues.harness_level == level]
-        m = _level_metrics(level, d, turns, calls, cache_discount)
+    for level in sorted(set(dialogues.harness_level.astype(str))):
+        d = dialogues[dialogues.harness_level.astype(str) == level]
+        m = _level_counts(level, d, turns, calls, adjusted)
         verdicts += m.pop("_verdicts")
+        m["metrics"] = level_estimates(per_dialogue.loc[list(d.dialogue_id)])
+        m["recall_by_depth"] = recall_by_depth(list(d.dialogue_id), probes)
         levels[level] = m
     report: dict[str, Any] = {
         "run_dir": str(run),
         "cache_discount": cache_discount,
+        "cost_source": source,
+        "cost_source_note": _cost_note(source, cache_discount),
+        "ci_method": f"Value: the pooled ratio over a level's dialogues; [95% interval]: "
+        f"percentile bootstrap over dialogues ({RESAMPLES} resamples, fixed seed). n/a: the "
+        "level does not have the metric.",
         "levels": levels,
-        "token_ratio_vs_A": _ratios(dialogues, calls, turns, cache_discount),
+        "token_ratio_vs_A": _ratios(dialogues, calls, adjusted),
         "token_ratio_by_length": _ratio_by_length(dialogues, calls),
         "failures": _failures(verdicts),
+        "definitions": DEFINITIONS,
         "notes": [
             "Tokens exclude the measurement roles (audit, probe) and the one-off policy "
             "extraction; they include every call a level makes to produce its dialogue.",
-            "cached_prompt_tokens is an estimate of prompt tokens an exact-prefix cache could "
-            "serve within the dialogue (no provider minimum; OpenAI caches only prompts of "
-            f"1,024+ tokens); cache-adjusted tokens bill them at {1 - cache_discount:.0%}.",
             "Boundary violations come from the checker (level E) or the audit checker (other "
-            "levels, harness.audit); without either the rate is empty.",
-            "Recall: share of the partner's opening content words an agent recalls after the "
-            "dialogue (harness.recall_probe).",
+            "levels, harness.audit); without either the rate is n/a.",
+            "Recall: share of the probed partner message's first content words an agent "
+            "recalls after the dialogue (harness.recall_probe, at harness.probe_depths); "
+            "distance: utterances said after the probed message.",
         ],
     }
     atomic_write_text(run / "harness_report.json",
