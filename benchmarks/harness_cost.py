@@ -71,6 +71,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "screen": ({"spasm.harness.runtime.REDUCER_SCREEN": True}, {}),
     # The checker's call also proposes the state update: one call a turn instead of two.
     "merged": ({}, {"review": "merged"}),
+    # Fold every utterance instead of every 4: a smaller window on average, but the record
+    # (early in the prompt) changes every turn, so less of the reply prompt is a cached prefix.
+    "stride1": ({}, {"stride": 1}),
 }
 
 
@@ -109,6 +112,7 @@ def measure(utterances: int, args: argparse.Namespace, workdir: Path,
     return {
         "variant": variant, "utterances": utterances, "pairs": ratio["pairs"],
         "raw_ratio": ratio["ratio_of_sums"], "cache_adjusted_ratio": ratio["cache_adjusted_ratio"],
+        "cost_source": report["cost_source"],
         "checker": dict(profile.counts), "calls_per_role_E": roles,
         "tokens_per_level_role": role_tokens, "wall_s": round(wall, 1),
     }

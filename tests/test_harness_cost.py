@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -123,3 +124,28 @@ def test_turns_without_a_cue_make_no_reducer_call(tmp_path: Path, monkeypatch: p
     assert 0 < len(reducer_inputs) < len(turns) - 2
     assert all(needs_reducer(text.split("Latest messages:\n", 1)[1]) for text in reducer_inputs)
     assert turns.state.notna().all()
+
+
+def _cost(tmp: Path, utterances: int, variant: str = "default") -> dict[str, Any]:
+    """benchmarks/harness_cost.py's measurement: 3 personas, 45-word turns, tiktoken counts and
+    the server's prefix cache, levels A and E on the same personas and seeds."""
+    from benchmarks.harness_cost import measure
+
+    args = argparse.Namespace(first_pass=0.85, after_rewrite=0.12, seed=2026, personas=3,
+                              cache_discount=0.5, reply_words=45, tokens="tiktoken",
+                              no_prefix_cache=False)
+    return measure(utterances, args, tmp, variant)
+
+
+def test_level_e_stays_within_its_token_budget_on_long_dialogues(tmp_path: Path) -> None:
+    """The harness design's cost targets at its checker rates (issue 13): E ≤ 1.25 × A's tokens
+    at 50 utterances and ≤ 1.0 × at 100 (raw, as the server reports them), ≤ 1.5 × at 100
+    with cached prompt tokens at half price; the merged review costs less than two calls."""
+    at50, at100 = _cost(tmp_path, 50), _cost(tmp_path, 100)
+    assert at50["cost_source"] == "api"
+    assert at50["raw_ratio"] <= 1.25
+    assert at100["raw_ratio"] <= 1.0
+    assert at100["cache_adjusted_ratio"] <= 1.5
+    merged = _cost(tmp_path, 50, "merged")
+    assert "reducer" not in merged["calls_per_role_E"]
+    assert merged["raw_ratio"] < at50["raw_ratio"]
