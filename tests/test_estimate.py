@@ -50,20 +50,22 @@ def _spent(run: Path) -> pd.DataFrame:
     return merged
 
 
-def _ablation_on(base_url: str) -> Any:
+def _ablation_on(base_url: str, review: str = "separate") -> Any:
     data = yaml.safe_load(data_path("configs", "harness-ablation.yaml").read_text())
     data["backends"] = {"embedded": {"kind": "openai", "base_url": base_url, "model": "m"}}
+    data["harness"]["review"] = review
     return parse_config(data, "harness-ablation.yaml on the test server")
 
 
-def test_dry_run_is_within_25_percent_of_the_real_run_at_every_level(tmp_path: Path) -> None:
+@pytest.mark.parametrize("review", ["separate", "merged"])
+def test_dry_run_is_within_25_percent_of_the_real_run_at_every_level(tmp_path: Path, review: str) -> None:
     """configs/harness-ablation.yaml (levels A–E) pointed at the test server: a dry run with a
     pilot of 1 dialogue (the first planned one, level A) against the tokens the real run then
     spends, level by level, from calls.parquet. The pilot gives reply size and the servers'
     token-count ratios; levels B–E are priced only by simulating their harness calls."""
     run = tmp_path / "run"
     with TestServer() as srv:
-        config = _ablation_on(srv.base_url)
+        config = _ablation_on(srv.base_url, review)
         dry = _dry(config, run, pilot=1)
         assert dry.calibration is not None and dry.calibration.dialogues == 1
         _run(config, run)
