@@ -18,7 +18,8 @@ and one-off policy calls excluded) and the cache-adjusted ratio (cached prompt t
 By default the test server counts tokens with tiktoken (o200k_base; ``--tokens words`` for one
 per word) and runs a provider-style prefix cache (:class:`spasm.testing.usage.Usage`), so the
 raw figures are what an API reports and the cached tokens are what it reports as served from its
-cache (``calls.cached_tokens``), billed at ``1 - --cache-discount`` of the input price.
+cache (``calls.cached_tokens``), billed at the backend's configured cached price,
+``prices.cached_input_per_1m`` = ``1 - --cache-discount`` of the input price.
 ``--reply-words`` sets the length of the scripted free-text turns (default 45 words, about 55
 tokens: what the embedded model writes at ``max_tokens`` 80); ``--reply-words 0`` keeps the
 profile's short single lines (~13 words). Each row of :data:`VARIANTS` switches a design choice
@@ -48,13 +49,16 @@ from spasm.testing.usage import Usage
 
 
 def sweep_config(base_url: str, utterances: int, personas: int, seed: int, max_tokens: int = 60,
-                 **harness: Any) -> Any:
-    """A run of both levels, ``utterances`` long, against one endpoint."""
+                 cached_price: float = 0.5, **harness: Any) -> Any:
+    """A run of both levels, ``utterances`` long, against one endpoint whose cached prompt
+    tokens cost ``cached_price`` of an input token (the configured ``prices``)."""
     return parse_config({
         "name": f"cost-{utterances}", "seed": seed,
         "personas": {"n": personas}, "conditions": ["ecp"],
         "backends": {"srv": {"kind": "openai", "base_url": base_url, "model": "m",
-                             "max_concurrency": 32}},
+                             "max_concurrency": 32,
+                             "prices": {"input_per_1m": 1.0, "output_per_1m": 1.0,
+                                        "cached_input_per_1m": cached_price}}},
         "pairings": [{"client": "srv", "responder": "srv"}],
         "dialogue": {"max_turns_per_agent": max(1, utterances // 2), "max_tokens": max_tokens},
         "termination": {"rules": False},
@@ -93,7 +97,8 @@ def measure(utterances: int, args: argparse.Namespace, workdir: Path,
     usage = Usage(tokens=args.tokens, prefix_cache=not args.no_prefix_cache)
     with TestServer(reply=profile, usage=usage) as srv:
         config = sweep_config(srv.base_url, utterances, args.personas, args.seed,
-                              max_tokens=max(60, 2 * args.reply_words), **VARIANTS[variant][1])
+                              max_tokens=max(60, 2 * args.reply_words),
+                              cached_price=1 - args.cache_discount, **VARIANTS[variant][1])
         start = time.perf_counter()
         with _patched(variant):
             summary = anyio.run(Engine(config, run, progress=False, sleep_scale=0.0).run)
