@@ -21,7 +21,7 @@ from spasm.agents import derive_seed
 from spasm.backends.base import ChatRequest, Completion
 from spasm.calls import Caller, CallScope
 from spasm.projection import Message
-from spasm.tokens import count_tokens
+from spasm.tokens import common_prefix_length, count_tokens
 
 if TYPE_CHECKING:
     from spasm.config import RunConfig
@@ -61,15 +61,7 @@ class PrefixTracker:
         text = self._serialise(messages)
         best = ""
         for old in self._seen:
-            # Binary search on slice equality: C-speed comparisons, O(log n) of them.
-            lo, hi = 0, min(len(old), len(text))
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if old[:mid] == text[:mid]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            n = lo
+            n = common_prefix_length(old, text)
             if n > len(best):
                 best = text[:n]
         self._seen = [*self._seen[-(self.memory - 1) :], text] if self.memory > 1 else [text]

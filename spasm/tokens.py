@@ -55,3 +55,16 @@ def count_messages(messages: Iterable[dict[str, str]] | Iterable[object]) -> int
 def counter_source() -> str:
     """Which counter was used (for the manifest); ``unset`` if nothing needed one."""
     return _source
+
+
+def common_prefix_length(a: str, b: str) -> int:
+    """Length of the longest common start of two strings (binary search on slice equality:
+    C-speed comparisons, O(log n) of them). Used wherever a prefix cache is modelled."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

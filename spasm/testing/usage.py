@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from spasm.tokens import count_tokens
+from spasm.tokens import common_prefix_length, count_tokens
 
 __all__ = ["Usage"]
 
@@ -108,7 +108,7 @@ class Usage:
                 tokens += self.count(content) + MESSAGE_OVERHEAD
                 continue
             if role == e_role:
-                common = _common_prefix(content, e_content)
+                common = content[: common_prefix_length(content, e_content)]
                 # A partial message: its framing and the words both prompts have in full.
                 cut = common if not common or common[-1].isspace() else _to_word_boundary(common)
                 tokens += MESSAGE_OVERHEAD // 2 + (self.count(cut) if cut.strip() else 0)
@@ -120,15 +120,3 @@ def _to_word_boundary(text: str) -> str:
     """``text`` without its last, possibly partial, word."""
     cut = max(text.rfind(c) for c in " \n\t")
     return text[: cut + 1] if cut >= 0 else ""
-
-
-def _common_prefix(a: str, b: str) -> str:
-    """The longest common start of two strings (binary search on slices: C-speed compares)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return a[:lo]
