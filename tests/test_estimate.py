@@ -54,6 +54,10 @@ def _ablation_on(base_url: str, review: str = "separate") -> Any:
     data = yaml.safe_load(data_path("configs", "harness-ablation.yaml").read_text())
     data["backends"] = {"embedded": {"kind": "openai", "base_url": base_url, "model": "m"}}
     data["harness"]["review"] = review
+    # No response cache: C and D (and D and E) can send identical requests, and which of two
+    # dialogues in flight together reaches the server first — the other replays it from the
+    # cache and spends nothing — is a matter of timing; the estimate prices every call.
+    data["engine"] = {"cache": False}
     return parse_config(data, "harness-ablation.yaml on the test server")
 
 
