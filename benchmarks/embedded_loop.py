@@ -78,6 +78,7 @@ VIEWERS: dict[Speaker, Viewer] = {
 PATHS = ("shared", "saved", "per-agent", "lanes")
 #: The sampling settings of EmbeddedBackend._generate that the replay must repeat.
 REPEAT_PENALTY = 1.1
+PENALTY_LAST_N = 64  # llama-cpp-python's last_n_tokens_size
 
 
 class DecodeClock:
@@ -183,9 +184,18 @@ def plain_generation(llm: Any, prompt: list[int], n: int) -> dict[str, Any]:
             "tokens_per_s": round(n / wall, 1)}
 
 
+def penalised(logit: float, token: int, recent: list[int]) -> float:
+    """A logit as llama.cpp's repeat penalty leaves it (tokens among the last 64 generated)."""
+    if token not in recent[-PENALTY_LAST_N:]:
+        return logit
+    return logit * REPEAT_PENALTY if logit <= 0 else logit / REPEAT_PENALTY
+
+
 def replay(llm: Any, turn: dict[str, Any]) -> dict[str, Any] | None:
     """Re-generate one turn with the whole prompt in one batch (greedy); ``None`` if the reply
-    is the same, else where it first differs and the logit gap of the two tokens there."""
+    is the same, else where it first differs and, there, by how much the replayed logits
+    (after the repeat penalty, which greedy decoding ranks) prefer their token to the cached
+    path's: a small margin is a near-tie that floating-point differences flipped."""
     llm.reset()
     llm._ctx.kv_cache_clear()
     sampler = llm._init_sampler(temp=0.0, repeat_penalty=REPEAT_PENALTY)
@@ -195,8 +205,12 @@ def replay(llm: Any, turn: dict[str, Any]) -> dict[str, Any] | None:
         logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,)).copy()
         token = sampler.sample(llm._ctx, -1)
         if token != cached_token:
-            gap = float(logits[token] - logits[cached_token])
-            return {"token": j, "of": len(turn["reply"]), "logit_gap": round(gap, 4)}
+            recent = turn["reply"][:j]
+            ours = penalised(float(logits[token]), token, recent)
+            theirs = penalised(float(logits[cached_token]), cached_token, recent)
+            top = float(np.max(np.abs(logits)))
+            return {"token": j, "of": len(turn["reply"]), "margin": round(ours - theirs, 4),
+                    "relative_margin": round((ours - theirs) / top, 5)}
         llm.eval([token])
     return None
 

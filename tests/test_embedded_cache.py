@@ -111,6 +111,18 @@ def test_the_embedded_model_runs_one_dialogue_per_lane(tmp_path: Path, n_threads
     assert engine.dialogues_in_flight({"embedded": backend}) == 3
 
 
+def test_a_stream_never_starts_from_another_streams_tokens() -> None:
+    """Two dialogues with the same prompts, the second on the first's contexts: its first turns
+    are evaluated from nothing (no shared template prefix), so its replies cannot depend on
+    which dialogue ran before it."""
+    backend = EmbeddedBackend("embedded", BackendConfig(kind="embedded", n_ctx=2048, n_threads=2))
+    backend.slots = StreamSlots(2)
+    first = anyio.run(_loop, backend, "ecp", True, "d1")
+    second = anyio.run(_loop, backend, "ecp", True, "d2")
+    assert [c.cached_tokens for c in second[:2]] == [0, 0]
+    assert [c.text for c in second] == [c.text for c in first]
+
+
 def test_two_lanes_reply_as_one_does() -> None:
     """Two dialogues at once on one thread each give the replies of one on all cores."""
     one = EmbeddedBackend("embedded", BackendConfig(kind="embedded", n_ctx=2048, n_threads=2))

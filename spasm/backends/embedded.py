@@ -21,7 +21,8 @@ that prefix at every turn. So the backend keeps a few contexts (:func:`slot_coun
 stream is ``ChatRequest.stream_key`` (one agent of one dialogue) or, for requests without one
 (harness roles, the judge), the system prompt (:func:`stream_of`). A prompt that is not an
 extension (CONCAT, a harness window) simply shares a shorter prefix: llama.cpp falls back to
-evaluating the rest, so the reply never depends on the slot. A stream that loses its context
+evaluating the rest. A context given to a new stream starts empty, so what a stream's replies
+are computed from never depends on which stream used the context before. A stream that loses its context
 (more streams than contexts: level E has six per dialogue) keeps its KV cache as a saved state
 (:class:`SavedStates`, at most :data:`STATE_BUDGET_MB`), restored into the context it gets
 next, so it too evaluates only its new tokens. The prompt tokens served from a context or a
@@ -326,6 +327,12 @@ class EmbeddedBackend(Backend):
                     self.stats["restored"] += int(saved is not None)
                 if saved is not None:
                     restore_state(llm, saved)
+                else:
+                    # Start from nothing, not from the other stream's tokens: a prefix computed
+                    # in another stream's batches can move the logits slightly, so a reply would
+                    # depend on which dialogue ran before (the schedule, a resume). It costs the
+                    # shared template tokens only.
+                    llm.reset()
             before = list(llm.input_ids[: llm.n_tokens])
             result = self._generate(llm, request)
             prompt = int((result.get("usage") or {}).get("prompt_tokens", 0))
