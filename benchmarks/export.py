@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -44,22 +43,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
+
+from benchmarks._rss import peak_rss_mib  # noqa: E402 - needs ROOT on sys.path
+
 _TIKTOKEN = ROOT.parent / "shared" / "data" / "tiktoken"
 if _TIKTOKEN.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_TIKTOKEN))
-
-
-def _peak_mib() -> float:
-    """Peak RSS of this process image in MiB. VmHWM on Linux: ``ru_maxrss`` would also count
-    the parent's pages at fork time (the kernel carries the high-water mark across exec)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 # --------------------------------------------------------------------------------- the run
@@ -241,7 +230,7 @@ def child(args: argparse.Namespace) -> int:
         result = child_build(run_dir, args.out)
     else:
         result = CHILDREN[args.child](run_dir)
-    result["peak_mib"] = _peak_mib()
+    result["peak_mib"] = peak_rss_mib()
     print(json.dumps(result), flush=True)
     return 0
 

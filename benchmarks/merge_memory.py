@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -40,21 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._rss import peak_rss_mib  # noqa: E402 - needs ROOT on sys.path
+
 TABLES = ("personas", "dialogues", "turns", "calls")
-
-
-def _maxrss_mib() -> float:
-    """Peak RSS of this process's own memory in MiB. Linux's VmHWM, because ``ru_maxrss``
-    survives ``exec``: a child forked from the big parent that built the inputs would report
-    the parent's size."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 # -- building the inputs (untimed, in the parent process) -------------------------------------
@@ -166,7 +153,7 @@ def _measure(step: str, args: list[str]) -> dict[str, Any]:
                 assert isinstance(kept, pa.Table)
     elif step != "baseline":
         raise SystemExit(f"unknown step {step}")
-    return {"peak_mib": _maxrss_mib(), "seconds": time.perf_counter() - t0}
+    return {"peak_mib": peak_rss_mib(), "seconds": time.perf_counter() - t0}
 
 
 def _child(step: str, *args: str) -> dict[str, Any]:
