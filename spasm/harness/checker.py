@@ -194,6 +194,17 @@ def checker_stable_prompt(policy: CharacterPolicy, who: str) -> str:
     return "\n\n".join(parts)
 
 
+def _check_prompt(system: str, state_block: str | None, partner_said: str | None,
+                  candidate: str) -> list[Message]:
+    """The stable part as the system message; the state, what the partner said and the
+    candidate, in that order, as the turn's user message."""
+    turn = [state_block] if state_block else []
+    if partner_said:
+        turn.append(f"The other person just said: {partner_said}")
+    turn.append(f"Message to review: {candidate}")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(turn)}]
+
+
 def checker_messages(
     policy: CharacterPolicy,
     who: str,
@@ -202,16 +213,8 @@ def checker_messages(
     candidate: str,
 ) -> list[Message]:
     """The checker prompt: the stable policy first, then the turn-specific parts."""
-    turn = []
-    if state_items:
-        turn.append("Current state:\n" + "\n".join(f"- {x}" for x in state_items))
-    if partner_said:
-        turn.append(f"The other person just said: {partner_said}")
-    turn.append(f"Message to review: {candidate}")
-    return [
-        {"role": "system", "content": checker_stable_prompt(policy, who)},
-        {"role": "user", "content": "\n\n".join(turn)},
-    ]
+    state = "Current state:\n" + "\n".join(f"- {x}" for x in state_items) if state_items else None
+    return _check_prompt(checker_stable_prompt(policy, who), state, partner_said, candidate)
 
 
 def review_instructions(name: str) -> str:
@@ -235,15 +238,8 @@ def review_messages(
 ) -> list[Message]:
     """The merged review prompt: the checker's, with the reducer's task in the stable part and
     the whole compact state (the values a change is proposed against) in the turn's part."""
-    turn = [f"Current state:\n{compact(state)}"]
-    if partner_said:
-        turn.append(f"The other person just said: {partner_said}")
-    turn.append(f"Message to review: {candidate}")
-    return [
-        {"role": "system",
-         "content": f"{checker_stable_prompt(policy, who)}\n\n{review_instructions(name)}"},
-        {"role": "user", "content": "\n\n".join(turn)},
-    ]
+    return _check_prompt(f"{checker_stable_prompt(policy, who)}\n\n{review_instructions(name)}",
+                         f"Current state:\n{compact(state)}", partner_said, candidate)
 
 
 async def check_reply(
