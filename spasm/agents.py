@@ -5,28 +5,25 @@ AI: its system prompt is the card plus instructions to stay the person seeking h
 
 The simulation sees an agent only through :class:`TurnAgent`: it is set up once per dialogue
 and then produces one :class:`Turn` at a time — the accepted text and everything the turns table
-records about it (attempts, checker verdict, state, fallbacks, cached prompt tokens), returned
-rather than read back from the call log. :class:`PlainAgent` is level A: its frame and the
-projection of the whole history, one generation call per turn. The harnessed agent
+records about it (attempts, flags, cached prompt tokens), returned rather than read back from
+the call log. What a layer above adds (the harness's state, verdict, intent, fallbacks) travels
+as that layer's own typed record, seen here only through :class:`TurnNotes`: this module knows
+no harness type. :class:`PlainAgent` is level A: its frame and the projection of the whole
+history, one generation call per turn. The harnessed agent
 (:class:`spasm.harness.runtime.HarnessedAgent`, levels B–E) wraps a plain agent.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
-from spasm.backends.base import ChatRequest, Completion
+from spasm.backends.base import ChatRequest, Completion, Message
 from spasm.history import History, Speaker
-from spasm.projection import Message, Viewer, project
-
-if TYPE_CHECKING:
-    from spasm.harness.policy import CharacterPolicy
-    from spasm.harness.state import AgentState, Reduction
-    from spasm.session import DialogueSession
+from spasm.projection import Viewer, project
+from spasm.session import DialogueSession
 
 END_MARKER = "<END>"
 
@@ -80,10 +77,25 @@ def clean_reply(text: str, truncated: bool = False) -> str:
     return t.strip().strip('"').strip()
 
 
-def derive_seed(*parts: object) -> int:
-    """A 31-bit seed derived from any parts (stable across machines)."""
-    digest = hashlib.sha256(json.dumps(parts, default=str).encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+@dataclass(frozen=True)
+class NoteColumns:
+    """The turns-table columns a layer above the dialogue fills (serialised as stored)."""
+
+    checker_verdict: str | None = None
+    state: str | None = None
+    state_clips: int = 0
+    state_log: str | None = None
+    intent: str | None = None
+    harness_fallbacks: int = 0
+
+
+class TurnNotes(Protocol):
+    """What a layer above the dialogue adds to a turn, as its own typed record (the harness's
+    :class:`~spasm.harness.notes.HarnessNotes`); the dialogue stores it through its columns."""
+
+    def columns(self) -> NoteColumns:
+        """The record as the turns table stores it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -98,15 +110,10 @@ class Turn:
     #: Generation calls behind the accepted text: 1, or 2 after a rewrite. Transport retries
     #: of a call are not attempts (they are rows of the calls table).
     attempts: int = 1
-    verdict: dict[str, Any] | None = None
     flagged: bool = False
     flag_reason: str | None = None
-    #: The speaker's state after its turn (levels with the state layer).
-    state: AgentState | None = None
-    reduction: Reduction | None = None
-    intent: str | None = None
-    #: Harness calls of this turn that fell back (see :mod:`spasm.harness.runtime`).
-    fallbacks: int = 0
+    #: What a layer above adds (the harness's state, verdict, intent, fallbacks), or ``None``.
+    notes: TurnNotes | None = None
     #: Estimated prompt tokens of this turn's calls a provider's prefix cache could serve.
     cached_prompt_tokens: int = 0
     #: Whether ``messages`` can be recomputed from the history by projection (level A); when
@@ -156,11 +163,6 @@ class TurnAgent(Protocol):
         """The agent's stable frame (valid after :meth:`setup`), stored with the dialogue."""
         ...
 
-    @property
-    def policy(self) -> CharacterPolicy | None:
-        """The compiled identity the agent acts under (``None`` for a plain agent)."""
-        ...
-
     async def setup(self, session: DialogueSession) -> None:
         """Prepare for the dialogue (a harnessed agent resolves its policy here)."""
         ...
@@ -188,11 +190,6 @@ class PlainAgent:
     def system_prompt(self) -> str:
         """The frame (persona card or role) the agent speaks from."""
         return self.viewer.system_prompt
-
-    @property
-    def policy(self) -> CharacterPolicy | None:
-        """A plain agent has no compiled policy."""
-        return None
 
     def reframed(self, system_prompt: str) -> PlainAgent:
         """The same agent speaking from another frame (the harness's orchestrated prompt)."""

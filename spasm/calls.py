@@ -27,16 +27,17 @@ import random
 import sqlite3
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.base import Backend, ChatRequest, Completion, Message
 from spasm.backends.structured import extract_json
 from spasm.config import BackendConfig
 from spasm.dataset.rows import CallRow
@@ -52,7 +53,6 @@ from spasm.errors import (
     UserError,
 )
 from spasm.limits import BackendLimits
-from spasm.projection import Message
 from spasm.tokens import count_messages
 
 log = logging.getLogger("spasm")
@@ -61,6 +61,8 @@ log = logging.getLogger("spasm")
 REFUSALS_TO_STOP = 3
 
 T = TypeVar("T", bound=BaseModel)
+V = TypeVar("V")
+W = TypeVar("W")
 
 
 class Cache:
@@ -142,6 +144,29 @@ class Usage:
         }
 
 
+@dataclass(frozen=True)
+class Structured(Generic[V]):
+    """What one structured call produced: the parsed value (``None`` when no ask parsed), how
+    many asks it took and their usage, the last completion, and the last validation error."""
+
+    value: V | None
+    attempts: int
+    prompt_tokens: int
+    completion_tokens: int
+    last: Completion | None = None
+    error: str | None = None
+
+    def map(self, fn: Callable[[V | None], W]) -> Structured[W]:
+        """The same call's usage with its value turned into what the caller returns."""
+        return Structured(fn(self.value), self.attempts, self.prompt_tokens,
+                          self.completion_tokens, self.last, self.error)
+
+    @property
+    def ok(self) -> bool:
+        """Whether an ask parsed."""
+        return self.value is not None
+
+
 @dataclass
 class CallScope:
     """Where a call belongs (its dialogue or persona) and the list its log rows go to."""
@@ -196,9 +221,6 @@ class Caller:
         self._refused: Counter[str] = Counter()
         self._answered: set[str] = set()
         self._warned_retry: set[str] = set()
-        #: Structured replies that parsed, by (dialogue id, role): how the engine tells a harness
-        #: level whose structured calls all fell back from one where some worked.
-        self.structured_ok: defaultdict[str, Counter[str]] = defaultdict(Counter)
         #: Distinguishes the call ids of passes of a resumed run (a retried dialogue logs again).
         self.pass_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
 
@@ -378,36 +400,41 @@ class Caller:
         temperature: float,
         max_tokens: int = 256,
         seed: int | None = None,
-    ) -> T | None:
-        """A structured call: parse into ``schema``; re-ask with the error; ``None`` if it never parses.
+    ) -> Structured[T]:
+        """A structured call: parse into ``schema``; re-ask with the error.
 
         This is spasm's one structured-output loop. The backend sends the request in its mode
         (json_schema, json_object or text: :mod:`spasm.backends.structured`); the reply is read
         with :func:`~spasm.backends.structured.extract_json` whatever the mode, so fences and
-        prose around the JSON do not matter. The caller decides the safe fallback for ``None``
-        and counts it. A server that rejects the format raises
-        :class:`~spasm.errors.StructuredOutputRejectedError`, which no caller may fall back on.
+        prose around the JSON do not matter. The result carries the parsed value (``None`` when
+        no ask parsed: the caller decides the safe fallback and counts it), the number of asks
+        and their usage, so no caller reads the call log back. A server that rejects the format
+        raises :class:`~spasm.errors.StructuredOutputRejectedError`, which no caller may fall
+        back on.
         """
         convo = list(messages)
         json_schema = _json_schema(schema)
+        prompt_tokens = completion_tokens = 0
+        error: str | None = None
+        completion: Completion | None = None
         for ask in range(self.reask_attempts + 1):
             request = ChatRequest(
                 messages=tuple(convo), temperature=temperature, max_tokens=max_tokens,
                 seed=seed, json_schema=json_schema,
             )
             completion, row = await self._call(role, backend_name, request, scope)
+            prompt_tokens += completion.prompt_tokens
+            completion_tokens += completion.completion_tokens
             try:
                 parsed = schema.model_validate(extract_json(completion.text))
-                if scope.dialogue_id is not None:
-                    self.structured_ok[scope.dialogue_id][role] += 1
-                return parsed
+                return Structured(parsed, ask + 1, prompt_tokens, completion_tokens, completion)
             except json.JSONDecodeError as exc:
                 error = f"not valid JSON: {exc.msg} at position {exc.pos}"
             except ValidationError as exc:
                 error = _short_error(exc)
             row.outcome, row.error = "invalid_output", error
             if ask == self.reask_attempts:
-                return None
+                break
             convo = [
                 *convo,
                 {"role": "assistant", "content": completion.text},
@@ -417,7 +444,8 @@ class Caller:
                     f"JSON object that follows this schema: {json.dumps(json_schema)}",
                 },
             ]
-        return None
+        return Structured(None, self.reask_attempts + 1, prompt_tokens, completion_tokens,
+                          completion, error)
 
 
 @functools.cache

@@ -16,8 +16,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spasm.errors import ConfigError
+from spasm.redact import redact_url
+from spasm.registry import BACKENDS, PROJECTIONS
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
+
+#: The seeds a run (``seed``, ``--seed``, ``spasm personas --seed``) may have: what a signed
+#: 64-bit column holds.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 class _Strict(BaseModel):
@@ -88,10 +94,8 @@ class BackendConfig(_Strict):
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, v: str) -> str:
-        from spasm.backends.registry import backend_kinds
-
-        if v not in backend_kinds():
-            raise ValueError(f"unknown backend kind {v!r}; known: {backend_kinds()}")
+        if v not in BACKENDS:
+            raise ValueError(f"unknown backend kind {v!r}; known: {BACKENDS.names()}")
         return v
 
     @model_validator(mode="after")
@@ -243,7 +247,8 @@ class RunConfig(_Strict):
     """A whole run: personas × conversations × pairings × conditions."""
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9._-]+$")
-    seed: int = 0
+    #: Stored as a 64-bit integer (the personas' and dialogues' ``seed`` columns).
+    seed: int = Field(0, ge=SEED_MIN, le=SEED_MAX)
     personas: PersonaConfig = PersonaConfig()
     conversations_per_persona: int = Field(1, ge=1)
     conditions: list[str] = ["ecp"]
@@ -262,8 +267,7 @@ class RunConfig(_Strict):
     @field_validator("conditions")
     @classmethod
     def _known_conditions(cls, v: list[str]) -> list[str]:
-        from spasm.projection import projection_names
-
+        projection_names = PROJECTIONS.names
         if not v:
             raise ValueError("at least one condition is needed")
         unknown = [c for c in v if c not in projection_names()]
@@ -273,10 +277,41 @@ class RunConfig(_Strict):
             raise ValueError("conditions repeat")
         return v
 
+    @field_validator("backends")
+    @classmethod
+    def _backend_names(cls, v: dict[str, BackendConfig]) -> dict[str, BackendConfig]:
+        # A pairing's label is "client/responder" and dialogue ids are viewer URLs: a name with
+        # "/" (or a control character, or none at all) would make two pairings one label.
+        for name in v:
+            if not name or "/" in name or "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+                raise ValueError(
+                    f"backend name {name!r} is not allowed: a name is non-empty and has no '/', "
+                    "'\\' or control characters (e.g. gpt-4o, local_qwen)"
+                )
+        return v
+
+    @field_validator("pairings")
+    @classmethod
+    def _distinct_pairings(cls, v: list[PairingConfig] | str) -> list[PairingConfig] | str:
+        if isinstance(v, list):
+            seen: set[tuple[str, str]] = set()
+            for p in v:
+                if (p.client, p.responder) in seen:
+                    raise ValueError(
+                        f"pairing {p.label} is listed twice; each pairing already runs once for every "
+                        "persona, conversation and condition (raise conversations_per_persona for "
+                        "more dialogues). Remove the repeat."
+                    )
+                seen.add((p.client, p.responder))
+        return v
+
     @model_validator(mode="after")
     def _check_references(self) -> RunConfig:
         if not self.backends:
             raise ValueError("at least one backend is needed")
+        if not self.pairing_list:
+            raise ValueError("pairings is empty: list at least one {client, responder} pairing, "
+                             "or write pairings: grid")
         names = set(self.backends)
         refs = [(p.client, "pairings") for p in self.pairing_list] + [
             (p.responder, "pairings") for p in self.pairing_list
@@ -319,8 +354,13 @@ class RunConfig(_Strict):
         return list(self.pairings)
 
     def redacted(self) -> dict[str, Any]:
-        """The resolved config as plain data; it holds env var names, never key values."""
-        return self.model_dump(mode="json")
+        """The resolved config as plain data; it holds env var names, never key values, and
+        no credential of a ``base_url`` (:func:`spasm.redact.redact_url`)."""
+        data = self.model_dump(mode="json")
+        for backend in data["backends"].values():
+            if backend.get("base_url"):
+                backend["base_url"] = redact_url(backend["base_url"])
+        return data
 
     def fingerprint(self) -> str:
         """A hash of what determines the dataset (used to refuse resuming a different run)."""

@@ -14,10 +14,8 @@ import os
 import shutil
 import sys
 import time
-import uuid
-from collections import Counter
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from spasm.calls import Cache, Caller, CallScope
 from spasm.config import RunConfig
 from spasm.dataset.files import atomic_write_json as write_json
 from spasm.dataset.lock import LOCK_FILE, RunLock
+from spasm.dataset.outputs import aside_path, check_output, finish_replacement
 from spasm.dataset.store import RunStore
 from spasm.errors import (
     BudgetExceededError,
@@ -41,8 +40,8 @@ from spasm.errors import (
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
 from spasm.executors.shards import Shard, resume_check
 from spasm.personas import PersonaSet, PolicyCompiler, build_personas, load_schema
-from spasm.runplan import config_differences, make_backends, plan
-from spasm.simulation import DialogueResult, DialogueSpec, simulate_dialogue
+from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
+from spasm.runplan import config_differences, legacy_dialogue_id, make_backends, plan
 from spasm.summary import RunSummary, manifest_record, progress_lines
 
 __all__ = ["TABLES", "Engine", "RunSummary", "config_differences", "make_backends", "plan"]
@@ -68,6 +67,14 @@ def _prune_resolved_errors(store: RunStore) -> None:
         store.replace_table("errors", kept)
 
 
+def _has_dialogues(run_dir: Path) -> bool:
+    """Whether a run holds a committed dialogue: a replacement counts from its first one."""
+    from spasm.dataset.reader import open_run
+
+    run = open_run(run_dir, verify=False)
+    return run.has("dialogues") and run.table("dialogues", ["dialogue_id"]).num_rows > 0
+
+
 class Engine:
     """Runs one config into one run directory."""
 
@@ -79,7 +86,7 @@ class Engine:
         overwrite: bool = False,
         progress: bool | None = None,
         backends: dict[str, Backend] | None = None,
-        simulate: Callable[..., Any] = simulate_dialogue,
+        simulate: Callable[..., Any] = run_dialogue,
         sleep_scale: float = 1.0,
         shard: Shard | None = None,
     ) -> None:
@@ -101,6 +108,7 @@ class Engine:
         """Decide what to do with an existing ``--out``: ``True`` when it must be replaced."""
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UserError(f"--out {self.run_dir} is a file; name a directory for the run.")
+        check_output(self.run_dir, "generate", overwrite=self.overwrite)
         cfg_file = self.run_dir / "config.json"
         if not cfg_file.exists():
             if self.run_dir.exists() and any(
@@ -131,7 +139,33 @@ class Engine:
             return True
         if not self.overwrite:  # resuming: the same shard (or none) as before
             self._shard_record = resume_check(self.run_dir, self.shard)
+            self._refuse_legacy_ids()
         return self.overwrite
+
+    def _refuse_legacy_ids(self) -> None:
+        """A run whose dialogue ids an older spasm built with unescaped ``-`` in backend names
+        is refused: resuming it would not recognise one stored dialogue and pay for all again."""
+        names = {*self.config.backends, *self.config.conditions}
+        if not any("-" in n or "%" in n for n in names):
+            return  # the ids are the same in every version
+        try:
+            table = self.store.read("personas")
+            personas = table.to_pylist() if table is not None else []
+            done = self.store.done_dialogue_ids() if personas else set()
+        except Exception:  # a damaged part: repaired (and its dialogues redone) by _run
+            return
+        stale = done - {s.dialogue_id for s in plan(self.config, personas, self.shard)}
+        if not stale:
+            return
+        legacy = stale & {s.dialogue_id for s in plan(
+            self.config, personas, self.shard, ids=legacy_dialogue_id)}
+        if legacy:
+            raise UserError(
+                f"{self.run_dir} was written by an older spasm, whose dialogue ids join backend "
+                f"names containing '-' unescaped (e.g. {min(legacy)!r}), so a resume would not "
+                f"recognise its {len(legacy):,} stored dialogues and would generate them again. "
+                "Use another --out, or --overwrite to regenerate the run."
+            )
 
     def _manifest(self, summary: RunSummary, caller: Caller, status: str, started: str) -> None:
         write_json(self.run_dir / "manifest.json", manifest_record(
@@ -210,6 +244,10 @@ class Engine:
         ``only`` restricts this pass to some dialogue ids (a pilot); the rest stay planned.
         """
         t0 = time.perf_counter()
+        # Dialogue ids are unique by construction; a plan that repeats one (a bug) stops here,
+        # before any call. The full plan, with the drawn personas, is checked again in _run.
+        for _ in plan(self.config, [{"persona_id": "p"}]):
+            pass
         backends = self._backends if self._backends is not None else make_backends(self.config)
         try:
             for b in backends.values():
@@ -217,10 +255,7 @@ class Engine:
             if not (self.store.dir / "personas.parquet").exists():
                 await self._dry_personas()  # rules that reject everything fail here, not later
             # Only now, with every input checked, touch the disk: one writer per run directory.
-            with RunLock(self.run_dir) if self.run_dir.is_dir() else nullcontext():
-                replace = self._check_run_dir()
-                aside = self._move_aside() if replace else None
-            with RunLock(self.run_dir):
+            with self._claimed() as aside:
                 summary: RunSummary | None = None
                 try:
                     summary = await self._run(backends, t0, only)
@@ -231,10 +266,37 @@ class Engine:
             for b in backends.values():
                 await b.aclose()
 
+    @contextmanager
+    def _claimed(self) -> Iterator[Path | None]:
+        """Hold the run directory's lock for the run; yields the run being replaced (moved
+        aside), if any. A replacement that a killed process left half done is finished first
+        (the old run restored, or deleted once the new one holds a dialogue). The run being
+        replaced stays locked until the new directory is, so no other process takes it for a
+        leftover."""
+        with RunLock(self.run_dir) if self.run_dir.is_dir() else nullcontext():
+            finish_replacement(self.run_dir, _has_dialogues)
+        old = RunLock(self.run_dir).acquire() if self.run_dir.is_dir() else None
+        aside: Path | None = None
+        try:
+            aside = self._move_aside() if self._check_run_dir() else None
+            lock = old if old is not None and aside is None else RunLock(self.run_dir).acquire()
+        except BaseException:
+            if aside is not None and not self.run_dir.exists():
+                os.replace(aside, self.run_dir)
+            if old is not None:
+                old.release()
+            raise
+        if old is not None and lock is not old:
+            old.release()
+        try:
+            yield aside
+        finally:
+            lock.release()
+
     def _move_aside(self) -> Path:
         """Move the run being replaced out of the way; it is deleted only once the new run has
         completed at least one dialogue (:meth:`_settle_replaced`)."""
-        aside = self.run_dir.parent / f".{self.run_dir.name}.replaced-{uuid.uuid4().hex[:8]}"
+        aside = aside_path(self.run_dir)
         os.replace(self.run_dir, aside)
         return aside
 
@@ -276,9 +338,11 @@ class Engine:
         self._started = started
         self._manifest(summary, caller, "running", started)
         finished = False
+        planned_ids: set[str] = set()
         try:
             personas = await self._personas(caller)
             specs = list(plan(self.config, personas, self.shard))
+            planned_ids = {s.dialogue_id for s in specs}
             done = store.done_dialogue_ids()
             todo = [
                 s for s in specs if s.dialogue_id not in done and (only is None or s.dialogue_id in only)
@@ -295,6 +359,9 @@ class Engine:
             summary.elapsed_s = time.perf_counter() - t0
             summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
             with anyio.CancelScope(shield=True):
+                if planned_ids:  # what is stored, read back: never what ran
+                    summary.completed = await anyio.to_thread.run_sync(
+                        self._stored_count, planned_ids, summary.completed)
                 if finished and summary.completed == summary.planned:
                     await anyio.to_thread.run_sync(_prune_resolved_errors, store)
                     await anyio.to_thread.run_sync(store.ensure_tables, TABLES)
@@ -312,6 +379,14 @@ class Engine:
             if cache is not None:
                 cache.close()
         return summary
+
+    def _stored_count(self, planned_ids: set[str], fallback: int) -> int:
+        """How many planned dialogues the run's dialogues table holds (``fallback`` when it
+        cannot be read: the disk failing is reported by the error already raised)."""
+        try:
+            return len(planned_ids & self.store.done_dialogue_ids())
+        except Exception:  # pyarrow and the OS raise many types; the count is only a report
+            return fallback
 
     async def _execute(
         self,
@@ -367,7 +442,7 @@ class Engine:
                 async for spec in specs:
                     result: DialogueResult = await self._simulate(spec, self.config, caller)
                     pending.append(result)
-                    if summary.add(result, caller.structured_ok.pop(spec.dialogue_id, Counter())):
+                    if summary.add(result):
                         bar.update(1)
                     lines.tick(summary, caller)
                     stop = caller.stop_reason  # a server refusing the format or every call

@@ -34,7 +34,7 @@ from spasm.calls import Caller
 from spasm.config import RunConfig
 from spasm.errors import RunError
 from spasm.harness.levels import level_label
-from spasm.simulation import DialogueSpec, simulate_dialogue
+from spasm.runner import DialogueSpec, run_dialogue
 
 #: Plans up to this many dialogues are simulated in full.
 SIMULATE_ALL_UP_TO = 32
@@ -215,7 +215,7 @@ def sample(specs: Sequence[DialogueSpec]) -> list[tuple[DialogueSpec, float]]:
 async def _simulate(
     spec: DialogueSpec, config: RunConfig, caller: Caller, exchanges: int
 ) -> list[_Call]:
-    result = await simulate_dialogue(spec, _with_exchanges(config, exchanges), caller)
+    result = await run_dialogue(spec, _with_exchanges(config, exchanges), caller)
     if result.error is not None:
         error = result.error
         why = error.get("error") if isinstance(error, Mapping) else getattr(error, "error", error)

@@ -19,18 +19,12 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import Literal, cast
 
+from spasm.backends.base import Message
 from spasm.errors import ConfigError
 from spasm.history import History, Speaker
-
-
-class Message(TypedDict):
-    """One chat message as the OpenAI protocol takes it."""
-
-    role: Literal["system", "user", "assistant"]
-    content: str
-
+from spasm.registry import PROJECTIONS
 
 SPEAKER_LABELS: dict[Speaker, str] = {"client": "Client", "responder": "Responder"}
 
@@ -56,14 +50,14 @@ def messages_digest(messages: list[Message]) -> str:
 
 
 Projection = Callable[[History, Viewer], list[Message]]
-_REGISTRY: dict[str, Projection] = {}
 
 
 def register_projection(name: str) -> Callable[[Projection], Projection]:
-    """Register a projection under ``name`` (decorator)."""
+    """Register a projection under ``name`` (decorator; the names live in
+    :data:`spasm.registry.PROJECTIONS`, where the config checks them)."""
 
     def decorator(fn: Projection) -> Projection:
-        _REGISTRY[name] = fn
+        PROJECTIONS.register(name)(fn)
         return fn
 
     return decorator
@@ -71,17 +65,17 @@ def register_projection(name: str) -> Callable[[Projection], Projection]:
 
 def get_projection(name: str) -> Projection:
     """Look a projection up by name; unknown names are a :class:`ConfigError`."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
+    fn = PROJECTIONS.get(name)
+    if fn is None:
         raise ConfigError(
-            f"Unknown condition (projection) {name!r}; known: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+            f"Unknown condition (projection) {name!r}; known: {', '.join(PROJECTIONS.names())}"
+        )
+    return cast(Projection, fn)
 
 
 def projection_names() -> list[str]:
     """Names of the registered projections."""
-    return sorted(_REGISTRY)
+    return PROJECTIONS.names()
 
 
 def project(history: History, viewer: Viewer, condition: str) -> list[Message]:

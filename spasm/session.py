@@ -6,26 +6,24 @@ also holds the dialogue's :class:`PrefixTracker`, the estimate of what a provide
 would serve, which every agent of the dialogue feeds (one tracker per dialogue: providers cache
 on recent requests whoever sent them).
 
+The session is opened from plain values (the dialogue's id, persona id, condition and seed),
+so the dialogue layer never sees a plan or a run config.
+
 Seeds are derived here exactly as before the session existed: a turn's seed is
-``derive_seed(spec.seed, index, speaker)``, and every harness call of the turn derives its own
+``derive_seed(seed, index, speaker)``, and every harness call of the turn derives its own
 from that (``derive_seed(turn_seed, "reducer")`` …), so caches and old runs stay valid.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from spasm.agents import derive_seed
-from spasm.backends.base import ChatRequest, Completion
-from spasm.calls import Caller, CallScope
-from spasm.projection import Message
+from spasm.backends.base import ChatRequest, Completion, Message
+from spasm.calls import Caller, CallScope, Structured
+from spasm.seeds import derive_seed
 from spasm.tokens import common_prefix_length, count_tokens
-
-if TYPE_CHECKING:
-    from spasm.config import RunConfig
-    from spasm.simulation import DialogueSpec
 
 __all__ = ["MIN_CACHED_TOKENS", "DialogueSession", "PrefixTracker", "TurnMeter"]
 
@@ -80,17 +78,21 @@ class DialogueSession:
     scope: CallScope
     #: The projection (``ecp``, ``concat`` …) that frames every agent's history.
     condition: str
-    #: The dialogue's seed (``DialogueSpec.seed``); turns and probes derive theirs from it.
+    #: The dialogue's seed; turns and probes derive theirs from it.
     seed: int
     prefix: PrefixTracker = field(default_factory=lambda: PrefixTracker(0))
 
     @classmethod
-    def open(cls, spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueSession:
-        """The session of one planned dialogue; its calls are logged under its id."""
-        scope = CallScope(dialogue_id=spec.dialogue_id, persona_id=spec.persona["persona_id"])
-        # The cache estimate costs a token count per call: only harness runs report it.
-        prefix = PrefixTracker(16) if config.harness.active else PrefixTracker(0)
-        return cls(caller, scope, spec.condition, spec.seed, prefix)
+    def open(
+        cls, caller: Caller, dialogue_id: str, persona_id: str, condition: str, seed: int, *,
+        estimate_cache: bool = False,
+    ) -> DialogueSession:
+        """The session of one dialogue; its calls are logged under its id. The cache estimate
+        costs a token count per call, so it is kept only with ``estimate_cache`` (harness
+        runs report it)."""
+        scope = CallScope(dialogue_id=dialogue_id, persona_id=persona_id)
+        prefix = PrefixTracker(16) if estimate_cache else PrefixTracker(0)
+        return cls(caller, scope, condition, seed, prefix)
 
     def turn_seed(self, index: int, speaker: str) -> int:
         """The seed of utterance ``index``, spoken by ``speaker``."""
@@ -112,21 +114,15 @@ class TurnMeter:
         """Count a call whose cacheable tokens are known (a :class:`~spasm.agents.Draft`)."""
         self._cached += tokens
 
-    async def track(self, messages: Sequence[Message], call: Awaitable[T]) -> T:
-        """Run a harness call and count the share of its prompt tokens a cache could serve.
-
-        ``Caller.structured`` returns the parsed reply, not its usage, so the prompt tokens of
-        a structured call (its re-asks included) are summed from the rows it added to this
-        dialogue's scope. This is the one place that reads them there; the turn returns the
-        result.
-        """
+    def count(self, messages: Sequence[Message], result: Structured[T] | None) -> T | None:
+        """Count a structured harness call sent with ``messages`` (its re-asks' prompt tokens,
+        as its result reports them; ``None``: the call failed and spent nothing counted) and
+        return its value."""
         share = self._session.prefix.observe(messages)
-        records = self._session.scope.records
-        n0 = len(records)
-        try:
-            return await call
-        finally:
-            self._cached += share * sum(r.prompt_tokens for r in records[n0:])
+        if result is None:
+            return None
+        self._cached += share * result.prompt_tokens
+        return result.value
 
     @property
     def cached_prompt_tokens(self) -> int:

@@ -7,6 +7,7 @@ progress.
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 import time
@@ -23,7 +24,7 @@ from spasm.tokens import counter_source
 if TYPE_CHECKING:
     from spasm.calls import Caller
     from spasm.config import RunConfig
-    from spasm.simulation import DialogueResult
+    from spasm.runner import DialogueResult
 
 __all__ = ["RunSummary", "manifest_record", "progress_lines"]
 
@@ -50,9 +51,9 @@ class RunSummary:
     #: Why the run failed although it may have finished (the manifest says ``failed``).
     failed: str | None = None
 
-    def add(self, result: DialogueResult, parsed: Counter[str]) -> bool:
-        """Count one dialogue's result (``parsed``: its structured replies that parsed, by
-        role); ``True`` when it completed, ``False`` when it was quarantined."""
+    def add(self, result: DialogueResult) -> bool:
+        """Count one dialogue's result; ``True`` when it completed, ``False`` when it was
+        quarantined."""
         if result.error is not None:
             self.errors += 1
             self.error_types[result.error.error_type] += 1
@@ -65,8 +66,14 @@ class RunSummary:
         fallbacks = sum(t.harness_fallbacks for t in result.turns)
         self.harness_fallbacks += fallbacks
         self.level_fallbacks[level] += fallbacks
-        # The termination judge is structured too, but not a harness layer.
-        self.level_parsed[level] += sum(n for role, n in parsed.items() if role != "judge")
+        # Structured replies that parsed: the final row of each ask that validated (a failed
+        # parse marks its row ``invalid_output``). The termination judge is structured too,
+        # but not a harness layer.
+        self.level_parsed[level] += sum(
+            1 for r in result.calls
+            if r.role != "judge" and r.outcome in ("ok", "cache_hit")
+            and json.loads(r.params).get("structured")
+        )
         return True
 
     def fallback_failure(self) -> str | None:

@@ -19,9 +19,10 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from spasm.backends.base import Message
 from spasm.calls import Caller, CallScope
 from spasm.history import History
-from spasm.projection import Message, transcript
+from spasm.projection import transcript
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,10 @@ class JudgeDetector:
             },
             {"role": "user", "content": transcript(history)},
         ]
-        verdict = await self.caller.structured(
+        verdict = (await self.caller.structured(
             "judge", self.backend, messages, JudgeVerdict, scope,
             temperature=self.temperature, max_tokens=100, seed=self.seed + len(history),
-        )
+        )).value
         if verdict is not None and verdict.finished:
             return Stop("natural_judge", verdict.reason)
         return None

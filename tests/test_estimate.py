@@ -13,13 +13,14 @@ import pytest
 import yaml
 
 from spasm import projection
-from spasm.backends.base import ChatRequest
+from spasm.backends.base import ChatRequest, Message
 from spasm.backends.scripted import ScriptedBackend, filler
 from spasm.config import BackendConfig, data_path, parse_config
 from spasm.engine import Engine
 from spasm.estimate import DryRun, format_estimates
 from spasm.history import History
-from spasm.projection import Message, Viewer
+from spasm.projection import Viewer
+from spasm.registry import PROJECTIONS
 from spasm.testing import TestServer
 from spasm.tokens import count_messages, count_tokens
 from tests.conftest import endpoint_config
@@ -99,8 +100,9 @@ def toy_projection(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         messages = projection.ecp(history, viewer)
         return [messages[0], {"role": "user", "content": BRIEFING}, *messages[1:]]
 
-    monkeypatch.setitem(projection._REGISTRY, TOY, briefed)
+    projection.register_projection(TOY)(briefed)
     yield TOY
+    PROJECTIONS.unregister(TOY)
 
 
 def test_a_registered_projection_is_estimated_with_its_own_messages(

@@ -15,16 +15,17 @@ from typing import Any
 import anyio
 import pytest
 
-from spasm.agents import PlainAgent, TurnAgent, client_system_prompt, derive_seed
-from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.agents import PlainAgent, TurnAgent, client_system_prompt
+from spasm.backends.base import Backend, ChatRequest, Completion, Message
 from spasm.backends.instances import instance_from_schema
 from spasm.calls import Caller, CallScope
 from spasm.config import BackendConfig, parse_config
 from spasm.harness.runtime import HarnessedAgent
 from spasm.history import History
-from spasm.projection import Message, Viewer, project
+from spasm.projection import Viewer, project
+from spasm.seeds import derive_seed
 from spasm.session import DialogueSession, PrefixTracker
-from spasm.simulation import DialogueSpec, build_agents
+from spasm.runner import DialogueSpec, build_agents
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
@@ -222,7 +223,7 @@ def test_level_a_is_the_plain_agent_request_for_request() -> None:
         max_tokens=config.dialogue.max_tokens, seed=derive_seed(7, 4, "client"),
     )]
     assert r.reproducible and r.stored_messages() is None and r.attempts == 1
-    assert r.state is None and r.verdict is None and r.fallbacks == 0
+    assert r.notes is None  # no harness record: no state, verdict or fallbacks
 
 
 def test_levels_b_to_e_wrap_the_plain_agent() -> None:

@@ -22,7 +22,7 @@ from spasm.cli import main
 from spasm.config import parse_config
 from spasm.dataset import open_run
 from spasm.engine import Engine
-from spasm.simulation import DialogueResult, simulate_dialogue
+from spasm.runner import DialogueResult, run_dialogue
 from spasm.testing import FaultPlan, TestServer
 from tests.conftest import endpoint_config
 from tests.test_shards import KEYS, sorted_rows
@@ -93,7 +93,7 @@ _FINISHED = {"n": 0}
 async def crash_once(spec: Any, config: Any, caller: Any, *, marker: str, shard: int) -> DialogueResult:
     """Simulate a dialogue; the first worker to finish four of shard ``shard``'s dialogues dies
     before handing the fourth back (the earlier ones are committed: flush_every is 1)."""
-    result: DialogueResult = await simulate_dialogue(spec, config, caller)
+    result: DialogueResult = await run_dialogue(spec, config, caller)
     if spec.persona["persona_index"] % 2 == shard and not os.path.exists(marker):
         _FINISHED["n"] += 1
         if _FINISHED["n"] >= 4:

@@ -441,9 +441,9 @@ def test_backends_are_registered_by_kind_and_an_unknown_kind_is_a_config_error()
         assert isinstance(make_backend("o", BackendConfig(base_url="http://127.0.0.1:9/v1")),
                           OpenAIBackend)
     finally:
-        from spasm.backends import registry
+        from spasm.registry import BACKENDS
 
-        registry._REGISTRY.pop("fake-for-test")
+        BACKENDS.unregister("fake-for-test")
 
 
 # -- reading JSON out of a reply ----------------------------------------------------------------

@@ -6,9 +6,14 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
-from spasm.projection import Message
+
+class Message(TypedDict):
+    """One chat message as the OpenAI protocol takes it."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
 
 
 @dataclass(frozen=True, slots=True)

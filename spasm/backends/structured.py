@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from spasm.projection import Message
+from spasm.backends.base import Message
 
 __all__ = [
     "Transport",

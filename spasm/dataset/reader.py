@@ -30,11 +30,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from spasm.backends.base import Message
 from spasm.dataset.integrity import find_damage
 from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Row, arrow_schema
 from spasm.errors import UserError
 from spasm.history import History
-from spasm.projection import Message, Viewer, messages_digest, project
+from spasm.projection import Viewer, messages_digest, project
 
 __all__ = ["DialogueView", "Run", "SeenMessages", "open_run", "seen_messages"]
 

@@ -39,7 +39,7 @@ __all__ = [
     "rejection_row_model",
 ]
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -197,6 +197,8 @@ class ErrorRow(Row):
     n_utterances: I32
     partial_transcript: Str
     failed_at: When
+    #: The full traceback when the failure is not a run error (a bug: spasm's or a plugin's).
+    traceback: OptStr = None
 
 
 class QARow(Row):

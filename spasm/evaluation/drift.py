@@ -30,12 +30,12 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from spasm.backends.base import Message
 from spasm.evaluation.embeddings import FloatArray
 from spasm.evaluation.llm import PROBE_ROLE, EvalSession
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import ConditionSummary, DriftPoint, PairedComparison
 from spasm.evaluation.stats import mean_ci, paired_test
-from spasm.projection import Message
 
 __all__ = [
     "PERSONA_DIMENSIONS",

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from spasm.backends.base import Message
 from spasm.evaluation.echoing import EchoVerdict, Who, quote
 from spasm.evaluation.llm import JUDGE_ROLE, EvalSession
 from spasm.evaluation.loader import Conversation
-from spasm.projection import Message
 
 __all__ = ["JUDGE_RUBRIC", "JudgeVerdict", "judge_echoing"]
 

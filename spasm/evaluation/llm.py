@@ -29,6 +29,7 @@ from anyio.from_thread import start_blocking_portal
 from pydantic import BaseModel
 
 from spasm.backends import Backend, ChatRequest, Completion, make_backend
+from spasm.backends.base import Message
 from spasm.calls import Cache, Caller, CallScope
 from spasm.config import BackendConfig, RunConfig, parse_config
 from spasm.dataset.lock import RunLock
@@ -36,7 +37,6 @@ from spasm.dataset.rows import CallRow
 from spasm.dataset.store import RunStore
 from spasm.errors import BackendError, ConfigError, SpasmError, UserError
 from spasm.evaluation.metrics import LLMUsage
-from spasm.projection import Message
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -194,10 +194,11 @@ class EvalSession:
         """
         scope = self.scopes.setdefault(dialogue_id, CallScope(dialogue_id=dialogue_id))
         try:
-            return await self.caller.structured(
+            result = await self.caller.structured(
                 role, self.backend, messages, schema, scope,
                 temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed,
             )
+            return result.value
         except BackendError:
             return None
 

@@ -26,9 +26,9 @@ from spasm.harness.policy import CharacterPolicy
 from spasm.harness.state import AgentState, StateUpdate, compact
 
 if TYPE_CHECKING:
-    from spasm.calls import Caller, CallScope
+    from spasm.backends.base import Message
+    from spasm.calls import Caller, CallScope, Structured
     from spasm.history import Speaker
-    from spasm.projection import Message
 
 __all__ = [
     "WEIGHTS",
@@ -256,20 +256,26 @@ async def check_reply(
     pass_threshold: float,
     boundary_floor: int,
     review: bool = False,
-) -> Verdict | None:
-    """Score a candidate; ``None`` when the checker's output never parses (the caller flags it).
-    With ``review`` the reply also carries the state update (:class:`ReviewOutput`)."""
+) -> Structured[Verdict | None]:
+    """Score a candidate; the value is ``None`` when the checker's output never parses (the
+    caller flags it). With ``review`` the reply also carries the state update
+    (:class:`ReviewOutput`). The result carries the call's usage."""
     model: type[CheckerOutput] = ReviewOutput if review else CheckerOutput
-    output = await caller.structured(
+    result = await caller.structured(
         role, backend, messages, model, scope, temperature=temperature,
         max_tokens=max_tokens, seed=seed,
     )
-    if output is None:
-        return None
-    verdict = verdict_from(output, rules, pass_threshold=pass_threshold, boundary_floor=boundary_floor)
-    if isinstance(output, ReviewOutput):
-        verdict.update = output.state_update
-    return verdict
+
+    def to_verdict(output: CheckerOutput | None) -> Verdict | None:
+        if output is None:
+            return None
+        verdict = verdict_from(output, rules, pass_threshold=pass_threshold,
+                               boundary_floor=boundary_floor)
+        if isinstance(output, ReviewOutput):
+            verdict.update = output.state_update
+        return verdict
+
+    return result.map(to_verdict)
 
 
 def rewrite_note(draft: str, verdict: Verdict) -> str:

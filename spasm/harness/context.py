@@ -26,8 +26,8 @@ from spasm.harness._types import Lines3, Lines5, Record, Reply, Short, Shorts6
 from spasm.history import Speaker, Utterance
 
 if TYPE_CHECKING:
-    from spasm.calls import Caller, CallScope
-    from spasm.projection import Message
+    from spasm.backends.base import Message
+    from spasm.calls import Caller, CallScope, Structured
 
 __all__ = [
     "INTENTS",
@@ -374,20 +374,24 @@ async def compress_llm(
     *,
     temperature: float,
     seed: int | None,
-) -> StructuredContext | None:
+) -> Structured[StructuredContext | None]:
     """Fold the new older turns in with a model call (role ``context``); ``None`` if unusable."""
     new = history[previous.covered : upto]
-    update = await caller.structured(
+    result = await caller.structured(
         "context", backend, context_messages(previous, new, viewer, labels), ContextUpdate,
         scope, temperature=temperature, max_tokens=300, seed=seed,
     )
-    if update is None:
-        return None
-    return StructuredContext(
-        topic=update.topic or previous.topic,
-        partner_emotion=update.partner_emotion or previous.partner_emotion,
-        people=update.people or previous.people,
-        key_events=update.key_events or previous.key_events,
-        unresolved_questions=update.unresolved_questions,
-        covered=upto,
-    )
+
+    def fold(update: ContextUpdate | None) -> StructuredContext | None:
+        if update is None:
+            return None
+        return StructuredContext(
+            topic=update.topic or previous.topic,
+            partner_emotion=update.partner_emotion or previous.partner_emotion,
+            people=update.people or previous.people,
+            key_events=update.key_events or previous.key_events,
+            unresolved_questions=update.unresolved_questions,
+            covered=upto,
+        )
+
+    return result.map(fold)

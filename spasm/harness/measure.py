@@ -2,9 +2,12 @@
 dialogue.
 
 Neither changes what the agent does next. Each reads only the agent's public surface — its
-speaker, backend and policy, the :class:`~spasm.agents.Turn` it returned, and the prompt it would
-see for a next turn (:meth:`~spasm.agents.TurnAgent.next_prompt`) — and neither feeds the cache
-estimate, which measures the design, not its measurements.
+speaker, backend and (harnessed) policy, the :class:`~spasm.agents.Turn` it returned, and the
+prompt it would see for a next turn (:meth:`~spasm.agents.TurnAgent.next_prompt`) — and neither
+feeds the cache estimate, which measures the design, not its measurements. The dialogue sees
+neither: the audit is a wrapping agent (:class:`AuditedAgent`, itself a
+:class:`~spasm.agents.TurnAgent`) and the probes a hook after the dialogue
+(:class:`RecallProbes`), both chosen by :func:`spasm.harness.factory.harness_agents`.
 
 * **Audit** (``harness.audit``, levels without verify-and-rewrite): the accepted reply is
   checked like a candidate (role ``audit``) and never rewritten, so the boundary-violation rate
@@ -18,27 +21,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from spasm.agents import derive_seed
-from spasm.backends.base import ChatRequest
+from spasm.agents import NextPrompt, Turn, TurnAgent
+from spasm.backends.base import ChatRequest, Message
+from spasm.dataset.rows import TurnRow
 from spasm.errors import BackendError
-from spasm.harness.levels import layers
+from spasm.harness.notes import HarnessNotes
 from spasm.harness.probe import fact_words, probe_question, probe_targets, recall
 from spasm.harness.profile import Profile, profile_of, resolve_policy
+from spasm.harness.runtime import HarnessedAgent
 from spasm.harness.verify import check_candidate, with_verdict
-from spasm.history import History
-from spasm.projection import Message
+from spasm.history import History, Speaker
+from spasm.seeds import derive_seed
 
 if TYPE_CHECKING:
-    from spasm.agents import Turn, TurnAgent
     from spasm.config import RunConfig
     from spasm.harness.policy import CharacterPolicy
     from spasm.harness.state import AgentState
     from spasm.session import DialogueSession
 
-__all__ = ["AuditResult", "Auditor", "auditors", "recall_probes"]
+__all__ = ["AuditResult", "AuditedAgent", "Auditor", "RecallProbes", "recall_probes"]
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,9 @@ class Auditor:
 
     async def setup(self, session: DialogueSession) -> None:
         """Take the agent's policy, or resolve it as the agent would (after ``agent.setup``)."""
-        if self.agent.policy is not None:
-            self.policy = self.agent.policy
+        own = self.agent.policy if isinstance(self.agent, HarnessedAgent) else None
+        if own is not None:
+            self.policy = own
             return
         self.policy, self._pending_fallbacks = await resolve_policy(
             self.profile, self.persona, self.config, session
@@ -80,8 +85,9 @@ class Auditor:
         """Check ``turn``, spoken after ``history``."""
         assert self.policy is not None, "Auditor.setup was not awaited"
         seed = derive_seed(session.turn_seed(len(history), turn.speaker), "audit")
+        state = _notes(turn).state
         verdict = await check_candidate(
-            self.profile, self.policy, turn.state, history, turn.text, session,
+            self.profile, self.policy, state, history, turn.text, session,
             self.config.harness, seed=seed, role="audit", meter=None,
         )
         fallbacks, self._pending_fallbacks = self._pending_fallbacks, 0
@@ -89,22 +95,75 @@ class Auditor:
             fallbacks += 1
         noted = {"mode": "audit", **(verdict.as_dict() if verdict else
                                       {"pass": None, "fallback": True})}
-        state = with_verdict(turn.state, noted) if turn.state is not None else None
-        return AuditResult(noted, fallbacks, state)
+        return AuditResult(noted, fallbacks, with_verdict(state, noted) if state is not None else None)
 
 
-def auditors(
-    agents: Sequence[TurnAgent], levels: Sequence[str], config: RunConfig,
-    persona: dict[str, Any],
-) -> dict[str, Auditor]:
-    """An auditor per agent whose level has no verify layer, when ``harness.audit`` is on."""
-    if not config.harness.audit:
-        return {}
-    return {
-        agent.speaker: Auditor(agent, config, persona)
-        for agent, level in zip(agents, levels, strict=True)
-        if not layers(level).verify
-    }
+def _notes(turn: Turn) -> HarnessNotes:
+    """The harness's record of a turn (an empty one for a plain agent's)."""
+    return turn.notes if isinstance(turn.notes, HarnessNotes) else HarnessNotes()
+
+
+class AuditedAgent:
+    """An agent whose accepted replies are audited (a :class:`~spasm.agents.TurnAgent`
+    around another). The audit is a measurement: its verdict (and the state it annotates)
+    replace nothing the agent decided, since audited levels have no checker of their own."""
+
+    def __init__(self, agent: TurnAgent, config: RunConfig, persona: dict[str, Any]) -> None:
+        self.agent = agent
+        self.auditor = Auditor(agent, config, persona)
+
+    @property
+    def speaker(self) -> Speaker:
+        """The audited agent's side."""
+        return self.agent.speaker
+
+    @property
+    def backend(self) -> str:
+        """The audited agent's backend."""
+        return self.agent.backend
+
+    @property
+    def system_prompt(self) -> str:
+        """The audited agent's frame."""
+        return self.agent.system_prompt
+
+    async def setup(self, session: DialogueSession) -> None:
+        """Set the agent up, then its auditor."""
+        await self.agent.setup(session)
+        await self.auditor.setup(session)
+
+    async def turn(self, history: History, session: DialogueSession) -> Turn:
+        """The agent's turn, with the audit's verdict, state and fallbacks in its notes."""
+        turn = await self.agent.turn(history, session)
+        audit = await self.auditor.audit(turn, history, session)
+        notes = _notes(turn)
+        return replace(turn, notes=replace(
+            notes, verdict=audit.verdict, state=audit.state,
+            fallbacks=notes.fallbacks + audit.fallbacks,
+        ))
+
+    def next_prompt(self, history: History, session: DialogueSession) -> NextPrompt:
+        """The audited agent's next prompt."""
+        return self.agent.next_prompt(history, session)
+
+
+class RecallProbes:
+    """A hook after the dialogue: each agent's recall probes (one per depth), stored on its
+    last turn as ``{"probes": [...]}`` (:mod:`spasm.harness.probe`)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+
+    async def after(
+        self, agents: Sequence[TurnAgent], history: History, turns: list[TurnRow],
+        session: DialogueSession,
+    ) -> None:
+        """Probe every agent and store the answers on its last turn."""
+        for agent in agents:
+            probes = await recall_probes(agent, history, session, self.config)
+            own = [t for t in turns if t.speaker == agent.speaker]
+            if probes and own:
+                own[-1].probe = json.dumps({"probes": probes}, ensure_ascii=False)
 
 
 async def recall_probes(

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import anyio
 from pydantic import Field
 
-from spasm.agents import derive_seed
+from spasm.backends.base import Message
 from spasm.harness._types import Lines5, Lines8, Lines10, Reply
-from spasm.projection import Message
+from spasm.seeds import derive_seed
 
 if TYPE_CHECKING:
     from spasm.calls import Caller, CallScope
@@ -216,10 +216,11 @@ async def _extract(
     caller: Caller, backend: str, description: str, scope: CallScope, temperature: float,
     seed: int | None,
 ) -> CharacterPolicy | None:
-    return await caller.structured(
+    result = await caller.structured(
         "policy", backend, extraction_messages(description), CharacterPolicy, scope,
         temperature=temperature, max_tokens=700, seed=seed,
     )
+    return result.value
 
 
 async def client_policy(

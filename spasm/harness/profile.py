@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spasm.agents import derive_seed, responder_system_prompt
+from spasm.agents import responder_system_prompt
 from spasm.errors import BackendError
 from spasm.harness.policy import (
     CharacterPolicy,
@@ -23,6 +23,7 @@ from spasm.harness.policy import (
     parse_stored_policy,
 )
 from spasm.history import History, Speaker, Utterance
+from spasm.seeds import derive_seed
 
 if TYPE_CHECKING:
     from spasm.config import RunConfig

@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from spasm.backends.base import Message
 from spasm.harness.policy import CharacterPolicy
 from spasm.history import History, Utterance
-from spasm.projection import Message, Viewer, project
+from spasm.projection import Viewer, project
 
 __all__ = [
     "CONTINUED_OPENING",

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from spasm.agents import Draft, NextPrompt, PlainAgent, Turn, client_instructions, derive_seed
+from spasm.agents import Draft, NextPrompt, PlainAgent, Turn, client_instructions
+from spasm.backends.base import Message
 from spasm.errors import BackendError
 from spasm.harness.checker import Verdict
 from spasm.harness.context import (
@@ -42,6 +43,7 @@ from spasm.harness.context import (
     still_open,
 )
 from spasm.harness.levels import Layers, layers
+from spasm.harness.notes import HarnessNotes
 from spasm.harness.policy import CharacterPolicy
 from spasm.harness.profile import profile_of, resolve_policy
 from spasm.harness.prompt import TurnBlock, orchestrate, stable_prompt, turn_block
@@ -68,10 +70,11 @@ from spasm.harness.state import (
 from spasm.harness.stimulus import needs_reducer, no_stimulus
 from spasm.harness.verify import Verified, check_candidate, verify, with_verdict
 from spasm.history import History, Speaker, Utterance
-from spasm.projection import Message
+from spasm.seeds import derive_seed
 from spasm.session import TurnMeter
 
 if TYPE_CHECKING:
+    from spasm.calls import Structured
     from spasm.config import RunConfig
     from spasm.session import DialogueSession
 
@@ -195,11 +198,13 @@ class HarnessedAgent:
             speaker=self.speaker, text=draft.text, completion=draft.completion,
             messages=draft.messages,
             attempts=checked.attempts if checked else 1,
-            verdict=checked.verdict if checked else None,
             flagged=checked.flagged if checked else False,
             flag_reason=checked.flag_reason if checked else None,
-            state=self.state, reduction=reduction, intent=prep.intent,
-            fallbacks=fallbacks + prep.fallbacks + (checked.fallbacks if checked else 0),
+            notes=HarnessNotes(
+                verdict=checked.verdict if checked else None,
+                state=self.state, reduction=reduction, intent=prep.intent,
+                fallbacks=fallbacks + prep.fallbacks + (checked.fallbacks if checked else 0),
+            ),
             cached_prompt_tokens=meter.cached_prompt_tokens,
             reproducible=not self.layers.window,
         )
@@ -257,7 +262,7 @@ class HarnessedAgent:
             msgs = context_messages(self.context, utts[self.context.covered : upto], self.speaker,
                                     labels)
 
-            async def fold() -> StructuredContext | None:
+            async def fold() -> Structured[StructuredContext | None] | None:
                 try:
                     return await compress_llm(
                         session.caller, self.profile.backend, self.context, utts, upto,
@@ -267,7 +272,7 @@ class HarnessedAgent:
                 except BackendError:
                     return None
 
-            new = await meter.track(msgs, fold())
+            new = meter.count(msgs, await fold())
             if new is not None:
                 self.context = new
                 return 0
@@ -288,7 +293,7 @@ class HarnessedAgent:
             return no_stimulus(state, lines)
         msgs = reducer_messages(self.profile.name, state, lines)
 
-        async def step() -> Reduction | None:
+        async def step() -> Structured[Reduction] | None:
             try:
                 return await reduce_state(
                     session.caller, self.profile.backend, self.profile.name, state, lines,
@@ -298,7 +303,7 @@ class HarnessedAgent:
             except BackendError:
                 return None
 
-        reduction = await meter.track(msgs, step())
+        reduction = meter.count(msgs, await step())
         return reduction if reduction is not None else apply_update(state, None, lines)
 
     def _reviewed_state(self, history: History, text: str, checked: Verified) -> Reduction:

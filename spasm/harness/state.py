@@ -28,8 +28,8 @@ from pydantic import BeforeValidator, Field
 from spasm.harness._types import Line, Lines5, Phrase, Record, Reply, Score
 
 if TYPE_CHECKING:
-    from spasm.calls import Caller, CallScope
-    from spasm.projection import Message
+    from spasm.backends.base import Message
+    from spasm.calls import Caller, CallScope, Structured
 
 __all__ = [
     "DECAY",
@@ -486,10 +486,11 @@ async def reduce_state(
     temperature: float,
     max_tokens: int,
     seed: int | None,
-) -> Reduction:
-    """One reducer step: ask for the update (role ``reducer``), then enforce the constraints."""
-    update = await caller.structured(
+) -> Structured[Reduction]:
+    """One reducer step: ask for the update (role ``reducer``), then enforce the constraints
+    (the result carries the call's usage)."""
+    result = await caller.structured(
         "reducer", backend, reducer_messages(name, previous, recent_lines), StateUpdate, scope,
         temperature=temperature, max_tokens=max_tokens, seed=seed,
     )
-    return apply_update(previous, update, recent_lines)
+    return result.map(lambda update: apply_update(previous, update, recent_lines))

@@ -29,6 +29,7 @@ from spasm.harness.state import AgentState, StateUpdate, salient_items
 from spasm.history import History
 
 if TYPE_CHECKING:
+    from spasm.calls import Structured
     from spasm.config import HarnessConfig
     from spasm.harness.policy import CharacterPolicy
     from spasm.session import DialogueSession, TurnMeter
@@ -68,7 +69,7 @@ async def check_candidate(
         # A certain breach: fail it without paying for a model's opinion.
         return screened_verdict(rules)
 
-    async def call() -> Verdict | None:
+    async def call() -> Structured[Verdict | None] | None:
         try:
             return await check_reply(
                 session.caller, profile.backend, msgs, rules, session.scope, role=role,
@@ -81,8 +82,9 @@ async def check_candidate(
             return None
 
     if meter is None:
-        return await call()
-    return await meter.track(msgs, call())
+        result = await call()
+        return result.value if result is not None else None
+    return meter.count(msgs, await call())
 
 
 def with_verdict(state: AgentState, verdict: dict[str, Any]) -> AgentState:

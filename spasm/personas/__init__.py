@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from spasm.errors import BackendError, ConfigError
-from spasm.personas.crafter import render_card, rewrite_messages
+from spasm.personas.crafter import render_persona_card, rewrite_messages
 from spasm.personas.sampler import candidates, sample_candidate
 from spasm.personas.schema import PersonaSchema, load_schema
-from spasm.personas.validator import Verdict, llm_validation_messages, rule_violations
+from spasm.personas.validator import PersonaVerdict, llm_validation_messages, rule_violations
 
 if TYPE_CHECKING:
     from spasm.calls import Caller, CallScope
@@ -30,7 +30,7 @@ __all__ = [
     "PolicyCompiler",
     "build_personas",
     "load_schema",
-    "render_card",
+    "render_persona_card",
     "rule_violations",
     "sample_candidate",
 ]
@@ -110,11 +110,11 @@ async def build_personas(
         scope = CallScope(persona_id=pid)
         if llm_validate:
             assert caller is not None and backend is not None
-            verdict = await caller.structured(
+            verdict = (await caller.structured(
                 "validator", backend, llm_validation_messages(fields),  # type: ignore[arg-type]
-                Verdict, scope, temperature=validator_temperature, max_tokens=120,
+                PersonaVerdict, scope, temperature=validator_temperature, max_tokens=120,
                 seed=seed + draws,
-            )
+            )).value
             if verdict is None:
                 out.llm_fallbacks += 1
                 verdicts.append({"stage": "llm", "valid": True,
@@ -126,7 +126,7 @@ async def build_personas(
                 continue
             else:
                 verdicts.append({"stage": "llm", "valid": True, "reason": verdict.reason})
-        card = render_card(fields)
+        card = render_persona_card(fields)
         source = "template"
         if llm_craft:
             assert caller is not None and backend is not None

@@ -1,0 +1,189 @@
+"""One planned dialogue of a run: its agents, chain and session chosen, the dialogue run,
+its rows built (the run layer around :func:`spasm.simulation.simulate_dialogue`).
+
+:func:`build_agents` is the one place that chooses a plain or a harnessed agent for a level
+(through :func:`spasm.harness.factory.harness_agents`); the dialogue is handed the agents, the
+termination chain and the session, and never sees the config, the plan or the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from spasm.agents import PlainAgent, TurnAgent, client_system_prompt, responder_system_prompt
+from spasm.calls import Caller
+from spasm.config import PairingConfig, RunConfig
+from spasm.dataset.rows import CallRow, DialogueRow, ErrorRow, TurnRow
+from spasm.harness.factory import harness_agents, harness_hooks
+from spasm.harness.levels import level_label
+from spasm.projection import Viewer
+from spasm.session import DialogueSession
+from spasm.simulation import Conversation, simulate_dialogue
+from spasm.termination import Detector, JudgeDetector, RuleDetector, TerminationChain
+
+__all__ = ["DialogueResult", "DialogueSpec", "build_agents", "build_chain", "run_dialogue"]
+
+
+@dataclass(frozen=True)
+class DialogueSpec:
+    """Everything that identifies one planned dialogue."""
+
+    dialogue_id: str
+    persona: dict[str, Any]
+    conversation_index: int
+    condition: str
+    pairing: PairingConfig
+    seed: int
+    #: Harness level (A–E) of the Client and of the Responder (SPEC §4).
+    levels: tuple[str, str] = ("A", "A")
+
+
+@dataclass
+class DialogueResult:
+    """Rows for each table produced by one dialogue."""
+
+    spec: DialogueSpec
+    dialogue: DialogueRow | None = None
+    turns: list[TurnRow] = field(default_factory=list)
+    calls: list[CallRow] = field(default_factory=list)
+    error: ErrorRow | None = None
+
+
+def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, TurnAgent]:
+    """The Client and the Responder of a dialogue, each with its own frame, each plain or
+    harnessed by its level in ``spec.levels`` (the one place that chooses)."""
+    d = config.dialogue
+    plain = (
+        PlainAgent(
+            speaker="client",
+            backend=spec.pairing.client,
+            viewer=Viewer("client", client_system_prompt(spec.persona["card"], d.responder_role)),
+            temperature=config.backends[spec.pairing.client].temperatures.client,
+            max_tokens=d.max_tokens,
+        ),
+        PlainAgent(
+            speaker="responder",
+            backend=spec.pairing.responder,
+            viewer=Viewer(
+                "responder", responder_system_prompt(d.responder_role, d.responder_instructions)
+            ),
+            temperature=config.backends[spec.pairing.responder].temperatures.responder,
+            max_tokens=d.max_tokens,
+        ),
+    )
+    client, responder = harness_agents(plain, spec.levels, config, spec.persona)
+    return client, responder
+
+
+def build_chain(config: RunConfig, caller: Caller, spec: DialogueSpec) -> TerminationChain:
+    """The termination chain configured for the run."""
+    t = config.termination
+    detectors: list[Detector] = []
+    if t.rules:
+        detectors.append(RuleDetector(t.window))
+    if t.judge:
+        judge_backend = t.judge_backend or spec.pairing.client
+        temperature = config.backends[judge_backend].temperatures.judge
+        detectors.append(JudgeDetector(caller, judge_backend, temperature, seed=spec.seed))
+    return TerminationChain(detectors, t.min_utterances)
+
+
+def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueSession:
+    """The session of one planned dialogue (the cache estimate only in harness runs)."""
+    return DialogueSession.open(
+        caller, spec.dialogue_id, spec.persona["persona_id"], spec.condition, spec.seed,
+        estimate_cache=config.harness.active,
+    )
+
+
+async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueResult:
+    """Run one planned dialogue to its end; a failure is returned as an error row, never
+    raised (except a budget stop, which ends the whole run)."""
+    session = open_session(spec, config, caller)
+    agents = build_agents(spec, config)
+    chain = build_chain(config, caller, spec)
+    convo = await simulate_dialogue(
+        spec.dialogue_id, agents, chain, session,
+        max_turns_per_agent=config.dialogue.max_turns_per_agent, hooks=harness_hooks(config),
+    )
+    result = DialogueResult(spec, calls=session.scope.records)
+    if convo.error is not None:
+        result.error = _error_row(spec, convo, convo.error)
+        return result
+    result.turns = convo.turns
+    result.dialogue = _dialogue_row(spec, config, agents, convo, session.scope.records)
+    return result
+
+
+_reported: set[tuple[str, str]] = set()
+_reported_lock = threading.Lock()
+
+
+def report_bug(dialogue_id: str, exc: BaseException, tb: str) -> None:
+    """Print a bug's traceback to stderr the first time it is seen in this process (later
+    dialogues that hit the same bug name it in one line); the errors table keeps each."""
+    last = tb.strip().splitlines()
+    key = (type(exc).__name__, last[-3] if len(last) >= 3 else tb)
+    with _reported_lock:
+        first = key not in _reported
+        _reported.add(key)
+    if first:
+        print(f"spasm: dialogue {dialogue_id} failed on a bug (quarantined with its traceback "
+              f"in errors.parquet):\n{tb}", file=sys.stderr, end="" if tb.endswith("\n") else "\n")
+    else:
+        print(f"spasm: dialogue {dialogue_id} failed on the same bug: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _error_row(spec: DialogueSpec, convo: Conversation, exc: BaseException) -> ErrorRow:
+    if convo.traceback is not None:
+        report_bug(spec.dialogue_id, exc, convo.traceback)
+    return ErrorRow(
+        dialogue_id=spec.dialogue_id,
+        persona_id=spec.persona["persona_id"],
+        condition=spec.condition,
+        pairing=spec.pairing.label,
+        error_type=type(exc).__name__,
+        error=str(exc),
+        n_utterances=len(convo.history),
+        partial_transcript=json.dumps([[u.speaker, u.content] for u in convo.history]),
+        failed_at=datetime.now(UTC),
+        traceback=convo.traceback,
+    )
+
+
+def _dialogue_row(
+    spec: DialogueSpec, config: RunConfig, agents: tuple[TurnAgent, TurnAgent],
+    convo: Conversation, records: list[CallRow],
+) -> DialogueRow:
+    backends = config.backends
+    client, responder = agents
+    return DialogueRow(
+        dialogue_id=spec.dialogue_id,
+        persona_id=spec.persona["persona_id"],
+        conversation_index=spec.conversation_index,
+        condition=spec.condition,
+        harness_level=level_label(*spec.levels),
+        pairing=spec.pairing.label,
+        client_backend=spec.pairing.client,
+        client_model=backends[spec.pairing.client].model,
+        responder_backend=spec.pairing.responder,
+        responder_model=backends[spec.pairing.responder].model,
+        seed=spec.seed,
+        responder_role=config.dialogue.responder_role,
+        client_system_prompt=client.system_prompt,
+        responder_system_prompt=responder.system_prompt,
+        n_utterances=len(convo.history),
+        termination_reason=convo.reason,
+        termination_detail=convo.detail,
+        prompt_tokens=sum(r.prompt_tokens for r in records),
+        completion_tokens=sum(r.completion_tokens for r in records),
+        n_calls=len(records),
+        harness_fallbacks=sum(t.harness_fallbacks for t in convo.turns),
+        status="ok",
+    )
