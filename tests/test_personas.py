@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from spasm.errors import ConfigError
-from spasm.personas import build_personas, load_schema, render_card, rule_violations
+from spasm.personas import build_personas, load_schema, render_persona_card, rule_violations
 from spasm.personas.sampler import sample_candidate
 from spasm.personas.schema import ChoiceField
 
@@ -104,7 +104,7 @@ def test_schema_errors_name_the_problem(tmp_path: Path) -> None:
 
 def test_card_carries_the_fields() -> None:
     p = _build(1, 9).accepted[0]
-    card = render_card(p)
+    card = render_persona_card(p)
     for key in ("first_name", "occupation", "city", "domain", "concern", "emotion"):
         value = str(p[key])
         assert value.lower() in card.lower(), key

@@ -46,7 +46,7 @@ def _article(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-def render_card(persona: dict[str, Any]) -> str:
+def render_persona_card(persona: dict[str, Any]) -> str:
     """The template card, in the second person, as the Client's system prompt starts."""
     p = persona
     parts: list[str] = []

@@ -9,10 +9,11 @@ from pydantic import BaseModel, ConfigDict
 from spasm.personas.schema import PersonaSchema
 
 
-class Verdict(BaseModel):
+class PersonaVerdict(BaseModel):
     """The structured verdict of the LLM check (SPEC §2)."""
 
-    model_config = ConfigDict(extra="ignore")
+    # The title keeps the JSON schema sent to the model (and so the request hashes) as it was.
+    model_config = ConfigDict(extra="ignore", title="Verdict")
 
     valid: bool
     reason: str
