@@ -8,7 +8,6 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
@@ -18,6 +17,7 @@ import spasm.evaluation
 from spasm.dataset.synthetic import synthesize_run
 from spasm.errors import UserError
 from spasm.evaluation.cli import register
+from spasm.evaluation.figures import read_figures
 
 SAMPLE = Path(__file__).parent / "data" / "spasm_release_sample.jsonl"
 
@@ -53,6 +53,9 @@ def test_eval_writes_metrics_and_a_report_with_four_figures(
     images = re.findall(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
     assert len(images) == 4
     assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
+    figures = read_figures(small_run / "eval")  # the same figures as data, for the viewer
+    assert [f.png_base64 for f in figures] == images and all(f.caption in html for f in figures)
+    assert {"drift", "map", "acc", "echo"} <= {f.name for f in figures}
     assert "http://" not in html and "https://" not in html  # self-contained
 
     per_dialogue = pd.read_parquet(small_run / "eval" / "per_dialogue.parquet")
@@ -147,7 +150,7 @@ def test_public_api() -> None:
 def test_main_cli_turns_user_errors_into_exit_code_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    main: Any = pytest.importorskip("spasm.cli").main
+    from spasm.cli import main
     assert main(["eval", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -11,8 +11,8 @@ Modules, one per concern: :mod:`~spasm.evaluation.embeddings` (models and cache)
 :mod:`~spasm.evaluation.echoing` (the rule), :mod:`~spasm.evaluation.judge` (the LLM judge),
 :mod:`~spasm.evaluation.llm` (how the probe and the judge reach a model: the engine's caller),
 :mod:`~spasm.evaluation.summary` (rates and agreement), :mod:`~spasm.evaluation.separability`,
-:mod:`~spasm.evaluation.report`, :mod:`~spasm.dataset.importer`,
-:mod:`~spasm.evaluation.compare` and :mod:`~spasm.evaluation.cli`.
+:mod:`~spasm.evaluation.report` (its figures as data: :mod:`~spasm.evaluation.figures`),
+:mod:`~spasm.dataset.importer`, :mod:`~spasm.evaluation.compare` and :mod:`~spasm.evaluation.cli`.
 
 Public names are imported lazily (PEP 562): ``import spasm.evaluation.cli`` — which the
 main CLI does at start-up — must not pay for numpy, scipy and matplotlib.

@@ -46,6 +46,7 @@ from spasm.evaluation.embeddings import (
     create_embedder,
     l2_normalise,
 )
+from spasm.evaluation.figures import write_figures
 from spasm.evaluation.judge import judge_echoing
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalLLM, resolve_backend
 from spasm.evaluation.loader import Conversation, RunData, load_run
@@ -56,7 +57,7 @@ from spasm.evaluation.metrics import (
     Metrics,
     SeparabilityGroup,
 )
-from spasm.evaluation.report import write_report
+from spasm.evaluation.report import report_figures, write_report
 from spasm.evaluation.separability import Retrieval, separability_scores
 from spasm.evaluation.summary import (
     echo_examples,
@@ -124,7 +125,7 @@ def evaluate(
         llm_max_tokens: cap on each probe/judge reply.
         retrieval: Acc@K against persona ``"card"`` embeddings or leave-one-out ``"centroid"``.
         echo_threshold: side score at which the rule flags echoing.
-        out_dir: where to write metrics.json, per_dialogue.parquet and report.html
+        out_dir: where to write metrics.json, per_dialogue.parquet, report.html and its figures.json
             (default ``RUN_DIR/eval``). The embedding cache always lives in ``RUN_DIR/eval``.
         concurrency: dialogues whose LLM calls are in flight at once (probe and judge).
         progress: show progress bars (default: when stderr is a terminal).
@@ -170,7 +171,9 @@ def evaluate(
         out = Path(out_dir) if out_dir is not None else run_dir / EVAL_DIRNAME
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
         atomic_write_table(out / PER_DIALOGUE_FILE, pa.Table.from_pandas(per_dialogue, preserve_index=False))
-        write_report(metrics, per_dialogue, out / REPORT_FILE)
+        figures = report_figures(metrics, per_dialogue)
+        write_figures(out, figures)  # the same figures as data, for the viewer
+        write_report(metrics, per_dialogue, out / REPORT_FILE, figures)
         metrics.timings["report"] = round(time.perf_counter() - t0, 3)
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
     return metrics

@@ -4,11 +4,12 @@ Figures follow the SPASM paper: drift by client turn per condition (Fig. 2), a 2
 map of conversation embeddings coloured by persona (Fig. 3), persona-retrieval Acc@K per
 pairing against the random baseline (Fig. 4) and echoing rates by pairing × condition
 (Table 4, as a bar chart). Everything is embedded, so the file can be mailed or archived.
+:func:`report_figures` returns the figures as data (:class:`~spasm.evaluation.figures.ReportFigure`),
+which the HTML embeds and ``spasm eval`` also writes to ``figures.json`` for the viewer.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import io
 import math
@@ -26,9 +27,10 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from spasm.dataset.files import atomic_write_text
+from spasm.evaluation.figures import ReportFigure
 from spasm.evaluation.metrics import Metrics
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["render_report", "report_figures", "write_report"]
 
 _CONDITION_COLOURS = {"ecp": "#1f77b4", "concat": "#d62728"}
 _EXTRA_COLOURS = ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
@@ -50,11 +52,11 @@ def _ordered(conditions: Iterable[str]) -> list[str]:
     return sorted(set(conditions), key=lambda c: (_CONDITION_RANK.get(c, 2), c))
 
 
-def _png(fig: Figure) -> str:
+def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    return buf.getvalue()
 
 
 def _empty(message: str) -> Figure:
@@ -316,24 +318,37 @@ blockquote{margin:.2rem 0 .2rem 1rem;color:#333;font-size:.88rem}
 """
 
 
+_DRIFT_CAPTION = "Drift by Client turn per condition (cf. SPASM Fig. 2). Shaded: 95% CI."
 _MAP_CAPTION = "Conversation embeddings (Client side) in 2-D, coloured by persona (cf. SPASM Fig. 3)."
 _ACC_CAPTION = "Persona retrieval Acc@K per pairing × condition; dashed: random baseline (cf. SPASM Fig. 4)."
+_ECHO_CAPTION = "Share of conversations in which one side mirrored the other (cf. SPASM Table 4)."
 
 
-def render_report(metrics: Metrics, per_dialogue: pd.DataFrame) -> str:
-    """The report as one HTML string (no external resources)."""
+def report_figures(metrics: Metrics, per_dialogue: pd.DataFrame) -> list[ReportFigure]:
+    """The report's four figures, in the order it shows them: drift, map, acc, echo."""
+    return [
+        ReportFigure.from_png("drift", _DRIFT_CAPTION, _png(figure_drift(metrics))),
+        ReportFigure.from_png("map", _MAP_CAPTION, _png(figure_map(metrics, per_dialogue))),
+        ReportFigure.from_png("acc", _ACC_CAPTION, _png(figure_acc(metrics))),
+        ReportFigure.from_png("echo", _ECHO_CAPTION, _png(figure_echo(metrics))),
+    ]
+
+
+def render_report(
+    metrics: Metrics, per_dialogue: pd.DataFrame, figures: Sequence[ReportFigure] | None = None
+) -> str:
+    """The report as one HTML string (no external resources). ``figures``: those of
+    :func:`report_figures`, when the caller has drawn them already."""
     m = metrics
-    figs = {
-        "drift": _png(figure_drift(m)),
-        "map": _png(figure_map(m, per_dialogue)),
-        "acc": _png(figure_acc(m)),
-        "echo": _png(figure_echo(m)),
-    }
+    if figures is None:
+        figures = report_figures(m, per_dialogue)
+    figs = {f.name: f for f in figures}
 
-    def fig(key: str, caption: str) -> str:
+    def fig(key: str) -> str:
+        caption = html.escape(figs[key].caption)
         return (
-            f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{figs[key]}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+            f'<figure><img alt="{caption}" src="{figs[key].data_uri()}">'
+            f"<figcaption>{caption}</figcaption></figure>"
         )
 
     c = m.counts
@@ -499,17 +514,17 @@ def render_report(metrics: Metrics, per_dialogue: pd.DataFrame) -> str:
 <p class="meta">{html.escape(m.run_dir)} · {html.escape(m.created_at)} · {html.escape(timings)}</p>
 <h2>Summary</h2>{summary}
 <h2>Persona drift</h2>
-{fig("drift", "Drift by Client turn per condition (cf. SPASM Fig. 2). Shaded: 95% CI.")}
+{fig("drift")}
 <ul class="notes">{refs}</ul>
 <h3>ECP vs CONCAT (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{comparison}
 <h3>By condition</h3>{by_cond}
 {notes_html}
 <h2>Persona separability</h2>
-{fig("map", _MAP_CAPTION)}
-{fig("acc", _ACC_CAPTION)}
+{fig("map")}
+{fig("acc")}
 {sep}
 <h2>Echoing</h2>
-{fig("echo", "Share of conversations in which one side mirrored the other (cf. SPASM Table 4).")}
+{fig("echo")}
 {echo}
 {"".join(f"<p class='meta'>{html.escape(a)}</p>" for a in agreement)}
 <h3>Flagged conversations (up to 10)</h3><ul>{examples}</ul>
@@ -517,8 +532,13 @@ def render_report(metrics: Metrics, per_dialogue: pd.DataFrame) -> str:
 """
 
 
-def write_report(metrics: Metrics, per_dialogue: pd.DataFrame, path: str | Path) -> Path:
-    """Render the report and write it atomically to ``path``."""
+def write_report(
+    metrics: Metrics,
+    per_dialogue: pd.DataFrame,
+    path: str | Path,
+    figures: Sequence[ReportFigure] | None = None,
+) -> Path:
+    """Render the report and write it atomically to ``path`` (``figures`` as in :func:`render_report`)."""
     path = Path(path)
-    atomic_write_text(path, render_report(metrics, per_dialogue))
+    atomic_write_text(path, render_report(metrics, per_dialogue, figures))
     return path
