@@ -238,6 +238,29 @@ def test_a_changed_run_shows_a_failed_digest_check(tmp_path: Path, run_dir: Path
     assert 'data-verified="true"' in first  # the turn before the edit still verifies
 
 
+def test_the_overview_shows_the_figures_spasm_eval_wrote_as_data(tmp_path: Path, run_dir: Path) -> None:
+    from spasm.evaluation.figures import ReportFigure, write_figures
+
+    copy = tmp_path / "evaluated"
+    shutil.copytree(run_dir, copy)
+    (copy / "eval").mkdir()
+    (copy / "eval" / "metrics.json").write_text(json.dumps({"echoing": {"method": "rule"}}))
+    # The report's markup is not where the figures come from: a figure only in it is not shown.
+    (copy / "eval" / "report.html").write_text(
+        '<img alt="Only in the HTML" src="data:image/png;base64,iVBORw0KGgo=">')
+    figure = ReportFigure.from_png("drift", "Drift <by> turn", b"\x89PNG\r\n\x1a\nfigure")
+    write_figures(copy / "eval", [figure])
+    with ViewerServer(copy) as srv:
+        status, page, _ = get(srv.base_url + "/")
+    assert status == 200
+    assert f'<img alt="Drift &lt;by&gt; turn" src="{figure.data_uri()}">' in page
+    assert "Only in the HTML" not in page
+    (copy / "eval" / "figures.json").write_text("{not json")
+    with ViewerServer(copy) as srv:
+        status, page, _ = get(srv.base_url + "/")
+    assert status == 200 and "<figure>" not in page
+
+
 def test_labels_append_through_the_run_store_and_the_latest_wins(tmp_path: Path, run_dir: Path) -> None:
     copy = tmp_path / "labels"
     shutil.copytree(run_dir, copy)

@@ -7,6 +7,7 @@ Module              What it does
 ``server``          uvicorn on its own socket, in the foreground or a thread
 ``app``             the FastAPI app, its templates and error pages
 ``routes``          the pages and the one write (a label)
+``state``           what app and routes share: the run's index, labels, templates, responses
 ``security``        token, host check, same-origin writes, Content-Security-Policy
 ``queries``         DuckDB over the run's committed Parquet parts (list, search, one dialogue)
 ``listing``         the list's filters, sort and paging as a validated query

@@ -1,4 +1,5 @@
-"""The viewer's pages and its one write (see :mod:`spasm.viewer.app` for the route table).
+"""The viewer's pages and its one write (see :mod:`spasm.viewer.app` for the route table), over
+the shared :class:`~spasm.viewer.state.Viewer`.
 
 Handlers are plain functions: FastAPI runs them in its thread pool, where the blocking DuckDB
 queries belong.
@@ -15,8 +16,8 @@ from pydantic import ValidationError
 from spasm.errors import UserError
 from spasm.viewer import pages
 from spasm.viewer.annotations import LabelIn, RunBusy
-from spasm.viewer.app import NotFound, Viewer, _valid_id, eval_report, json_response, static_file
 from spasm.viewer.charts import harness_charts
+from spasm.viewer.state import NotFound, Viewer, eval_report, json_response, static_file, valid_id
 
 __all__ = ["add_routes"]
 
@@ -53,7 +54,7 @@ def add_routes(app: FastAPI, viewer: Viewer) -> None:
 
     @app.get("/d/{dialogue_id}")
     def dialogue(request: Request, dialogue_id: str) -> Response:
-        view = viewer.index.dialogue(_valid_id(dialogue_id))
+        view = viewer.index.dialogue(valid_id(dialogue_id))
         if view is None:
             raise NotFound(f"No dialogue {dialogue_id!r} in this run.")
         raw_from = request.query_params.get("from")
@@ -73,7 +74,7 @@ def add_routes(app: FastAPI, viewer: Viewer) -> None:
 
     @app.get("/d/{dialogue_id}/seen/{turn_index}")
     def seen(request: Request, dialogue_id: str, turn_index: int) -> Response:
-        view = viewer.index.dialogue(_valid_id(dialogue_id))
+        view = viewer.index.dialogue(valid_id(dialogue_id))
         if view is None:
             raise NotFound(f"No dialogue {dialogue_id!r} in this run.")
         position = next((i for i, t in enumerate(view.turns) if t["turn_index"] == turn_index), None)
@@ -85,7 +86,7 @@ def add_routes(app: FastAPI, viewer: Viewer) -> None:
 
     @app.get("/compare/{dialogue_id}")
     def compare(request: Request, dialogue_id: str) -> Response:
-        view = viewer.index.dialogue(_valid_id(dialogue_id))
+        view = viewer.index.dialogue(valid_id(dialogue_id))
         if view is None:
             raise NotFound(f"No dialogue {dialogue_id!r} in this run.")
         others = viewer.index.counterparts(view.row)
@@ -106,7 +107,7 @@ def add_routes(app: FastAPI, viewer: Viewer) -> None:
 
     @app.get("/api/labels/{dialogue_id}")
     def get_labels(dialogue_id: str) -> Response:
-        if viewer.index.dialogue(_valid_id(dialogue_id)) is None:
+        if viewer.index.dialogue(valid_id(dialogue_id)) is None:
             raise NotFound(f"No dialogue {dialogue_id!r} in this run.")
         return json_response(_labels_json(viewer, dialogue_id))
 
@@ -120,7 +121,7 @@ def add_routes(app: FastAPI, viewer: Viewer) -> None:
             return json_response({"error": f"{where}: {err['msg']}"}, 422)
         from starlette.concurrency import run_in_threadpool
 
-        view = await run_in_threadpool(viewer.index.dialogue, _valid_id(label.dialogue_id))
+        view = await run_in_threadpool(viewer.index.dialogue, valid_id(label.dialogue_id))
         if view is None:
             raise NotFound(f"No dialogue {label.dialogue_id!r} in this run.")
         if label.echoing is None and label.role_flip is None and not (label.note or "").strip():
