@@ -9,9 +9,13 @@ import pytest
 from spasm.config import load_config, parse_config
 from spasm.errors import ConfigError
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
 
 def test_bundled_configs_validate() -> None:
-    for path in sorted(Path("configs").glob("*.yaml")):
+    paths = sorted(CONFIGS.glob("*.yaml"))
+    assert paths, f"no bundled config found in {CONFIGS}: nothing would be checked"
+    for path in paths:
         load_config(path)
 
 
