@@ -22,7 +22,8 @@ from pydantic import BaseModel
 from spasm.dataset import Run
 from spasm.export.qa import QASummary
 
-__all__ = ["COVERAGE_FIELDS", "CardStats", "Coverage", "SplitCount", "card_stats", "size_category"]
+__all__ = ["COVERAGE_FIELDS", "CardStats", "Coverage", "MaskStats", "SplitCount", "card_stats",
+           "size_category"]
 
 #: Persona fields whose coverage of the schema's pools the card reports.
 COVERAGE_FIELDS = ("occupation", "city", "domain", "emotion")
@@ -54,6 +55,21 @@ class Lengths(BaseModel):
     median: float
     mean: float
     max: int
+
+
+class MaskStats(BaseModel):
+    """Turns not to train on (flagged by the harness, or with a kept unredactable finding) and
+    what each format does with them."""
+
+    #: Whether the export masks them (``--weights``); without, they are trained everywhere.
+    weights: bool
+    #: Assistant turns with weight 0 in the examples, and the examples with at least one.
+    untrained_turns: int
+    untrained_examples: int
+    #: ShareGPT has no per-message weight: examples cut before their first untrained turn, and
+    #: examples not written because that turn is their first (0 without weights).
+    sharegpt_cut: int = 0
+    sharegpt_dropped: int = 0
 
 
 class CardStats(BaseModel):
@@ -88,6 +104,15 @@ class CardStats(BaseModel):
     quarantined: int = 0
     role: str | None = None
     formats: list[str] = []
+    #: ``keep``, ``merge`` (into the first user message) or ``drop``.
+    system_prompt: str | None = None
+    #: ``trim``: examples end on a turn of the role they train; ``keep``: as the dialogue ended.
+    ending: str | None = None
+    #: Partner turns trimmed from the ends of examples.
+    trimmed_turns: int = 0
+    masks: MaskStats | None = None
+    #: LLaMA-Factory dataset names in ``dataset_info.json``.
+    trainer_configs: list[str] = []
     license: str = "unknown"
     language: str = "en"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from spasm.export.card import CardStats, size_category
+from spasm.export.card import CardStats, MaskStats, size_category
 from spasm.export.formats import META_COLUMNS
 from spasm.export.scans import PLACEHOLDERS
 
@@ -141,6 +141,65 @@ def _quality(s: CardStats) -> list[str]:
     return lines
 
 
+_SYSTEM_TEXT = {
+    "keep": "Each example starts with the role's system prompt as a `system` message.",
+    "merge": "The role's system prompt is merged into the first `user` message (its text, a blank line, "
+    "the user's text), for chat templates without a system role (`--system-prompt merge`).",
+    "drop": "The system prompt is dropped (`--system-prompt drop`).",
+}
+
+
+def _masks(m: MaskStats, formats: Sequence[str]) -> list[str]:
+    if not m.untrained_turns:
+        return ["No turn of the trained role was flagged: every `assistant` turn is trained.", ""]
+    head = (f"{_n(m.untrained_turns)} `assistant` turns in {_n(m.untrained_examples)} examples were flagged "
+            "(the harness's checker failed twice, or a finding kept with `--allow-qa`)")
+    if not m.weights:
+        return [head + " and are trained like the others: export with `--weights` to mask them.", ""]
+    lines = [head + " and are masked:", ""]
+    if "openai" in formats:
+        lines.append("- `openai`: `\"weight\": 0` on those messages, 1 on the other `assistant` messages;")
+    if "hf" in formats:
+        lines.append("- `hf`: `weight` in each message of `messages` (0/1 on `assistant` messages, null on "
+                     "the others) and a parallel column `weights` (one per message: 1 trained, 0 not);")
+    if "sharegpt" in formats:
+        lines.append(f"- `sharegpt` has no per-message weight: {_n(m.sharegpt_cut)} examples are cut before "
+                     f"their first flagged turn (ending on the trained turn before it) and "
+                     f"{_n(m.sharegpt_dropped)} whose first turn is flagged are left out, so the ShareGPT "
+                     "files have fewer turns than the others.")
+    return [*lines, ""]
+
+
+def _training(s: CardStats, axolotl: dict[str, Any] | None) -> list[str]:
+    if s.role is None:
+        return []
+    lines = ["## Training", ""]
+    if s.ending == "trim":
+        lines += ["Every example ends on a turn of the role it trains: the partner's turns after the "
+                  f"role's last one are trimmed ({_n(s.trimmed_turns)} turns), so ShareGPT examples have an "
+                  "even number of messages after the system prompt, as LLaMA-Factory requires.", ""]
+    elif s.ending == "keep":
+        lines += ["Examples keep the partner's turns after the role's last one (`--ending keep`): some end "
+                  "on a `user` message, and LLaMA-Factory skips ShareGPT examples with an odd number of "
+                  "messages after the system prompt.", ""]
+    if s.system_prompt in _SYSTEM_TEXT:
+        lines += [_SYSTEM_TEXT[s.system_prompt], ""]
+    if s.masks is not None:
+        lines += _masks(s.masks, s.formats)
+    if s.trainer_configs:
+        lines += ["**LLaMA-Factory**: `dataset_info.json` beside the data declares "
+                  + ", ".join(f"`{n}`" for n in s.trainer_configs)
+                  + " (`formatting: sharegpt` with their tags): pass this folder as `dataset_dir` and a name "
+                  "as `dataset` (`eval_dataset` for validation)."
+                  + (" It lists the ShareGPT files only: LLaMA-Factory reads no per-message weight."
+                     if s.masks is not None and s.masks.weights and "sharegpt" in s.formats
+                     and len(s.formats) > 1 else ""), ""]
+    if axolotl:
+        lines += ["**axolotl** (`type: chat_template`):", "", "```yaml",
+                  yaml.safe_dump(axolotl, sort_keys=False, allow_unicode=True).rstrip(), "```", ""]
+    return lines
+
+
 def _uses(s: CardStats) -> list[str]:
     small = any("smol" in str(m["client_model"]).lower() or "smol" in str(m["responder_model"]).lower()
                 for m in s.models)
@@ -162,9 +221,13 @@ def _uses(s: CardStats) -> list[str]:
     return [*lines, ""]
 
 
-def render_card(stats: CardStats, *, configs: list[dict[str, Any]] | None = None) -> str:
-    """The card as Markdown with the Hub's YAML header (``configs`` lists the data files)."""
-    body = [*_overview(stats), *_statistics(stats), *_generation(stats), *_quality(stats), *_uses(stats),
+def render_card(
+    stats: CardStats, *, configs: list[dict[str, Any]] | None = None, axolotl: dict[str, Any] | None = None
+) -> str:
+    """The card as Markdown with the Hub's YAML header (``configs`` lists the data files;
+    ``axolotl`` is the ``datasets:`` block shown under Training)."""
+    body = [*_overview(stats), *_statistics(stats), *_generation(stats), *_quality(stats),
+            *_training(stats, axolotl), *_uses(stats),
             "## License", "",
             f"`{stats.license}`" + ("." if stats.license != "unknown" else
                                     ": no license was set; set `license` in the run config or pass "

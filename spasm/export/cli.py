@@ -35,9 +35,16 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
                    "responder (default), client (a user simulator) or both")
     p.add_argument("--split", default="0.9,0.05,0.05", help="train,validation,test fractions by persona")
     p.add_argument("--seed", type=int, help="seed of the split (default: the run's seed)")
-    p.add_argument("--no-system-prompt", action="store_true", help="drop the system prompt")
+    p.add_argument("--system-prompt", default=None,
+                   help="the role's system prompt: keep (default), merge into the first user message "
+                   "(chat templates without a system role, e.g. Gemma's) or drop")
+    p.add_argument("--no-system-prompt", action="store_true", help="the same as --system-prompt drop")
+    p.add_argument("--ending", default="trim",
+                   help="trim (default): every example ends on a turn of the role it trains; keep: the "
+                   "partner's turns after it stay")
     p.add_argument("--weights", action="store_true",
-                   help="openai: weight 0/1 on assistant messages (0 for flagged turns)")
+                   help="mask flagged turns in every format: weight 0/1 on assistant messages (openai, hf), "
+                   "ShareGPT examples cut before their first flagged turn")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--allow-unfinished", action="store_true", help="export a run that is not complete")
     p.add_argument("--license", help="license id for the card (default: the run config's, else unknown)")
@@ -57,9 +64,19 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     s.add_argument("--echoing", default="drop", help="dialogues spasm eval/annotators marked as echoing: "
                    "drop (default), keep, only")
     s.add_argument("--include-failed", action="store_true", help="keep dialogues whose status is not ok")
-    c = p.add_argument_group("checking a file")
+    c = p.add_argument_group("checking")
     c.add_argument("--check", type=Path, metavar="FILE", help="check an OpenAI chat JSONL file")
-    c.add_argument("--token-limit", type=int, help="tokens per example for --check (default 16385)")
+    c.add_argument("--token-limit", type=int, metavar="N",
+                   help="fail examples over N tokens (default: only warn over 65536; the limit depends on "
+                   "the model); with an export, its examples are checked too")
+    h = p.add_argument_group("the Hugging Face Hub (pip install 'spasm[hub]')")
+    h.add_argument("--push-to-hub", metavar="OWNER/NAME",
+                   help="upload the export folder to this dataset repo once it passes OpenAI's checks")
+    h.add_argument("--private", action="store_true", help="create the repo private")
+    h.add_argument("--revision", metavar="BRANCH", help="upload to this branch (created if missing)")
+    h.add_argument("--hub-token-env", default="HF_TOKEN", metavar="NAME",
+                   help="environment variable holding the Hub token (default HF_TOKEN)")
+    h.add_argument("--hub-endpoint", metavar="URL", help=argparse.SUPPRESS)  # a self-hosted Hub, the tests
     p.set_defaults(func=cmd_export)
 
 
@@ -85,11 +102,11 @@ def _selection(args: argparse.Namespace) -> Any:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from spasm.export.check import DEFAULT_TOKEN_LIMIT, check_openai_file
+    from spasm.export.check import check_openai_file
 
-    if args.run_dir is not None or args.out is not None:
-        raise UserError("--check FILE checks a file on its own; drop RUN_DIR and --out")
-    report = check_openai_file(args.check, token_limit=args.token_limit or DEFAULT_TOKEN_LIMIT)
+    if args.run_dir is not None or args.out is not None or args.push_to_hub is not None:
+        raise UserError("--check FILE checks a file on its own; drop RUN_DIR, --out and --push-to-hub")
+    report = check_openai_file(args.check, token_limit=args.token_limit)
     print(report.text())
     return 0 if report.passed else 1
 
@@ -111,11 +128,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         get_format(name)
     if not 0 < args.near_threshold <= 1:
         raise UserError("--near-threshold is a Jaccard similarity in (0, 1]")
+    if args.system_prompt not in (None, "keep", "merge", "drop"):
+        raise UserError(f"--system-prompt {args.system_prompt!r}: choose keep, merge or drop")
+    if args.ending not in ("trim", "keep"):
+        raise UserError(f"--ending {args.ending!r}: choose trim or keep")
+    if args.no_system_prompt and args.system_prompt not in (None, "drop"):
+        raise UserError(f"--no-system-prompt and --system-prompt {args.system_prompt} disagree; pass one")
+    if args.token_limit is not None and args.token_limit < 1:
+        raise UserError("--token-limit must be at least 1")
+    if args.push_to_hub is None and (args.private or args.revision is not None):
+        raise UserError("--private and --revision go with --push-to-hub OWNER/NAME")
     options = ExportOptions(
         formats=formats, role=args.role, split=parse_split(args.split), seed=args.seed,
-        system_prompt=not args.no_system_prompt, weights=args.weights, selection=_selection(args),
+        system_prompt="drop" if args.no_system_prompt else (args.system_prompt or "keep"), ending=args.ending,
+        weights=args.weights, selection=_selection(args),
         allow_unfinished=args.allow_unfinished, overwrite=args.overwrite,
         near_threshold=args.near_threshold, license=args.license, language=args.language,
+        token_limit=args.token_limit, push_to_hub=args.push_to_hub, private=args.private,
+        revision=args.revision, hub_token_env=args.hub_token_env, hub_endpoint=args.hub_endpoint,
     )
     summary = export_run(args.run_dir, args.out, options)
     s = summary.stats
@@ -129,18 +159,24 @@ def cmd_export(args: argparse.Namespace) -> int:
                                                 if dropped else ""))
     print("redacted: " + (", ".join(f"{k} {v}" for k, v in s.redactions.items()) or "nothing"))
     print(f"QA findings: {args.run_dir / 'qa.parquet'} (spasm qa {args.run_dir} prints them)")
+    if summary.check is not None:
+        print(summary.check.text())
+    if summary.hub_url is not None:
+        print(f"uploaded to {summary.hub_url}")
     return 0
 
 
 def cmd_qa(args: argparse.Namespace) -> int:
     """Scan a run, replace its qa table, print the summary."""
     from spasm.dataset import open_run
+    from spasm.dataset.lock import RunLock
     from spasm.export.qa import check_finished, scan_run, summary_json, summary_table, write_qa
 
     run = open_run(args.run_dir)
     check_finished(run, args.allow_unfinished)
-    result = scan_run(run, near_threshold=args.near_threshold)
-    path = write_qa(run.dir, result)
+    with RunLock(run.dir):  # it writes qa.parquet into the run: one writer at a time
+        result = scan_run(run, near_threshold=args.near_threshold)
+        path = write_qa(run.dir, result, locked=True)
     print(summary_json(result.summary) if args.json else summary_table(result.summary))
     if not args.json:
         print(f"{len(result.rows)} findings → {path}")
@@ -149,17 +185,17 @@ def cmd_qa(args: argparse.Namespace) -> int:
 
 def cmd_card(args: argparse.Namespace) -> int:
     """Print (or write) the dataset card of a whole run."""
+    from spasm.dataset.files import atomic_write_text
+    from spasm.dataset.outputs import check_output
     from spasm.export.runcard import run_card
 
+    if args.out is not None:  # before the work: never into a run's tables or over its files
+        check_output(args.out, "card")
     text = run_card(args.run_dir, allow_unfinished=args.allow_unfinished, license=args.license,
                     language=args.language)
     if args.out is None:
         print(text, end="")
         return 0
-    from spasm.dataset.files import atomic_write_text
-
-    if args.out.is_dir():
-        raise UserError(f"--out {args.out} is a directory; name the file to write (e.g. README.md)")
     atomic_write_text(args.out, text)
     print(f"Wrote {args.out}")
     return 0

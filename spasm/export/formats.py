@@ -13,10 +13,17 @@ name with the file layout it is written in::
 format      layout   one record
 ==========  =======  ======================================================================
 openai      jsonl    ``{"messages": [{"role", "content", "weight"?}]}`` (OpenAI fine-tuning)
-sharegpt    jsonl    ``{"conversations": [{"from": "system|human|gpt", "value"}]}``
-hf          parquet  a ``messages`` column (the chat layout TRL's SFT trainer takes) and the
-                     dialogue's metadata columns
+sharegpt    jsonl    ``{"conversations": [{"from": "system|human|gpt", "value"}]}``; with
+                     weights, cut before the first untrained turn (no per-message weight)
+hf          parquet  a ``messages`` column (the chat layout TRL's SFT trainer takes; with
+                     weights each message has ``weight`` and a parallel ``weights`` column)
+                     and the dialogue's metadata columns
 ==========  =======  ======================================================================
+
+A builder may return ``None``: the example has no record in that format (a ShareGPT example
+whose first trained turn is flagged). Every example ends on a turn of the role it trains
+(:func:`end_on_role`), and the system prompt is kept, merged into the first user message or
+dropped (:func:`system_messages`), the same way in every format.
 """
 
 from __future__ import annotations
@@ -34,17 +41,28 @@ from spasm.projection import Viewer, get_projection
 
 __all__ = [
     "HF_SCHEMA",
+    "HF_WEIGHTED_SCHEMA",
     "META_COLUMNS",
+    "SYSTEM_PROMPT_MODES",
     "Example",
     "ExportFormat",
     "FormatOptions",
+    "end_on_role",
     "format_names",
     "get_format",
+    "hf_schema",
     "perspective",
     "register_format",
+    "sharegpt_cut",
+    "system_messages",
 ]
 
 Layout = Literal["jsonl", "parquet"]
+SystemPrompt = Literal["keep", "merge", "drop"]
+#: What ``--system-prompt`` can do with the role's system prompt.
+SYSTEM_PROMPT_MODES: tuple[SystemPrompt, ...] = ("keep", "merge", "drop")
+#: Between the system prompt and the first user message when they are merged.
+MERGE_SEPARATOR = "\n\n"
 
 #: Metadata of each example, in the hf format's column order (after ``messages``).
 META_COLUMNS: dict[str, pa.DataType] = {
@@ -62,8 +80,18 @@ META_COLUMNS: dict[str, pa.DataType] = {
     "redactions": pa.int32(),
 }
 _CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+_WEIGHTED_CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("weight", pa.int8())]))
 #: The hf format's schema.
 HF_SCHEMA = pa.schema([("messages", _CHAT), *META_COLUMNS.items()])
+#: The hf format's schema with weights: ``weight`` in each message (0/1 on assistant messages,
+#: null on the others) and ``weights``, one per message (1: trained, 0: not), for a mask.
+HF_WEIGHTED_SCHEMA = pa.schema([("messages", _WEIGHTED_CHAT), ("weights", pa.list_(pa.int8())),
+                                *META_COLUMNS.items()])
+
+
+def hf_schema(options: FormatOptions) -> pa.Schema:
+    """The hf format's schema under ``options`` (with or without weights)."""
+    return HF_WEIGHTED_SCHEMA if options.weights else HF_SCHEMA
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +110,11 @@ class Example:
 class FormatOptions:
     """How examples are rendered."""
 
-    #: Keep the role's system prompt as the first message.
-    system_prompt: bool = True
-    #: Write per-message ``weight`` where the format has it (openai).
+    #: The role's system prompt: kept as the first message, merged into the first user
+    #: message (templates without a system role), or dropped.
+    system_prompt: SystemPrompt = "keep"
+    #: Masks in every format: ``weight`` per message (openai, hf) or the example cut before
+    #: its first untrained turn (sharegpt).
     weights: bool = False
 
 
@@ -106,7 +136,47 @@ def perspective(
     return out
 
 
-Build = Callable[[Example, FormatOptions], dict[str, Any]]
+def end_on_role(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """``messages`` without the partner's turns after the role's last one, and how many were
+    trimmed: every example ends on a turn of the role it trains (LLaMA-Factory skips a
+    ShareGPT example with an odd number of messages after the system prompt)."""
+    end = len(messages)
+    while end and messages[end - 1]["role"] != "assistant":
+        end -= 1
+    return messages[:end], len(messages) - end
+
+
+def sharegpt_cut(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """For a format without per-message weights: the messages up to the last trained turn
+    before the first untrained (weight 0) one, so that every ``assistant`` turn left is trained;
+    ``None`` when the role's first turn is untrained (nothing left to train on)."""
+    first = next((k for k, m in enumerate(messages) if m["role"] == "assistant" and m.get("weight") == 0),
+                 None)
+    if first is None:
+        return messages
+    kept, _ = end_on_role(messages[:first])
+    return kept if any(m["role"] == "assistant" for m in kept) else None
+
+
+def system_messages(messages: list[dict[str, Any]], mode: SystemPrompt) -> list[dict[str, Any]]:
+    """The messages with the system prompt kept, merged into the first user message (its text,
+    :data:`MERGE_SEPARATOR`, the user's text: for chat templates that have no system role,
+    such as Gemma's) or dropped. An empty system prompt is dropped in every mode."""
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    system, rest = messages[0], messages[1:]
+    if not system["content"] or mode == "drop":
+        return rest
+    if mode == "keep":
+        return messages
+    for k, m in enumerate(rest):
+        if m["role"] == "user":
+            merged = {**m, "content": system["content"] + MERGE_SEPARATOR + m["content"]}
+            return [*rest[:k], merged, *rest[k + 1:]]
+    return [{"role": "user", "content": system["content"]}, *rest]
+
+
+Build = Callable[[Example, FormatOptions], dict[str, Any] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +216,7 @@ def get_format(name: str) -> ExportFormat:
 
 
 def _messages(example: Example, options: FormatOptions) -> list[dict[str, Any]]:
-    msgs = example.messages
-    if not options.system_prompt or (msgs and msgs[0]["role"] == "system" and not msgs[0]["content"]):
-        msgs = [m for m in msgs if m["role"] != "system"]
-    return msgs
+    return system_messages(example.messages, options.system_prompt)
 
 
 @register_format("openai", layout="jsonl", description="OpenAI chat fine-tuning JSONL")
@@ -168,15 +235,27 @@ _SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt"}
 
 
 @register_format("sharegpt", layout="jsonl", description="ShareGPT conversations JSONL")
-def sharegpt_format(example: Example, options: FormatOptions) -> dict[str, Any]:
-    """``{"conversations": [{"from": "system|human|gpt", "value": ...}]}``."""
-    return {"conversations": [{"from": _SHAREGPT_FROM[m["role"]], "value": m["content"]}
-                              for m in _messages(example, options)]}
+def sharegpt_format(example: Example, options: FormatOptions) -> dict[str, Any] | None:
+    """``{"conversations": [{"from": "system|human|gpt", "value": ...}]}``. ShareGPT has no
+    per-message weight: with ``options.weights`` the example is cut before its first
+    untrained turn (:func:`sharegpt_cut`), and has no record when that is its first turn."""
+    messages = _messages(example, options)
+    if options.weights:
+        cut = sharegpt_cut(messages)
+        if cut is None:
+            return None
+        messages = cut
+    return {"conversations": [{"from": _SHAREGPT_FROM[m["role"]], "value": m["content"]} for m in messages]}
 
 
 @register_format("hf", layout="parquet",
                  description="Parquet per split for datasets.load_dataset (messages + metadata)")
 def hf_format(example: Example, options: FormatOptions) -> dict[str, Any]:
-    """A row of :data:`HF_SCHEMA`."""
-    messages = [{"role": m["role"], "content": m["content"]} for m in _messages(example, options)]
-    return {"messages": messages, **{k: example.meta.get(k) for k in META_COLUMNS}}
+    """A row of :func:`hf_schema`: with ``options.weights`` each message carries ``weight``
+    (null on system and user messages) and ``weights`` lists one per message (1 trained)."""
+    msgs = _messages(example, options)
+    meta = {k: example.meta.get(k) for k in META_COLUMNS}
+    if not options.weights:
+        return {"messages": [{"role": m["role"], "content": m["content"]} for m in msgs], **meta}
+    messages = [{"role": m["role"], "content": m["content"], "weight": m.get("weight")} for m in msgs]
+    return {"messages": messages, "weights": [int(m.get("weight") or 0) for m in msgs], **meta}

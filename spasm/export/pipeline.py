@@ -6,14 +6,21 @@ The steps, each in bounded memory however large the run:
 2. select dialogues (:mod:`spasm.export.select`) and split their personas (:mod:`spasm.export.split`);
 3. stream the kept dialogues once, redact them, build each role's :class:`Example` and write them
    in chunks per split (Parquet, in a work folder of the staging directory);
-4. write every format's file per split from those chunks, then the card (README.md, card.json);
-5. move the staging directory into place in one ``os.replace``: a failure at any step leaves no
-   half-written output (and ``--overwrite`` keeps the old output until the new one is complete).
+4. write every format's file per split from those chunks, then the trainer configs
+   (:mod:`spasm.export.trainers`) and the card (README.md, card.json);
+5. when pushing to the Hub or given a token limit, run OpenAI's checks on the examples;
+6. move the staging directory into place in one ``os.replace``: a failure at any step leaves no
+   half-written output (and ``--overwrite`` keeps the old output until the new one is complete);
+7. with ``push_to_hub``, upload the folder (:mod:`spasm.export.hub`) — only when the checks pass.
+
+Every example ends on a turn of the role it trains (``ending="trim"``, the default, drops the
+partner's turns after it; ``"keep"`` keeps them).
 
 Layout of the output directory::
 
-    README.md                         dataset card with the Hub's YAML header
+    README.md                         dataset card with the Hub's YAML header (and axolotl's block)
     card.json                         every number on the card
+    dataset_info.json                 LLaMA-Factory's dataset entries
     data/{split}-00000-of-00001.parquet   hf format (datasets.load_dataset(DIR))
     openai/{split}.jsonl              OpenAI chat fine-tuning format
     sharegpt/{split}.jsonl            ShareGPT
@@ -34,19 +41,33 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spasm.dataset import Run, open_run
 from spasm.dataset.files import atomic_write, atomic_write_json, atomic_write_table, atomic_write_text
-from spasm.errors import UserError
-from spasm.export.card import CARD_COLUMNS, CardStats, SplitCount, card_stats
+from spasm.errors import RunError, UserError
+from spasm.export.card import CARD_COLUMNS, CardStats, MaskStats, SplitCount, card_stats
 from spasm.export.card_render import render_card
-from spasm.export.formats import META_COLUMNS, Example, ExportFormat, FormatOptions, get_format, perspective
+from spasm.export.check import CheckReport, check_examples
+from spasm.export.formats import (
+    META_COLUMNS,
+    Example,
+    ExportFormat,
+    FormatOptions,
+    SystemPrompt,
+    end_on_role,
+    get_format,
+    hf_schema,
+    openai_format,
+    perspective,
+    sharegpt_cut,
+)
 from spasm.export.qa import QAResult, check_finished, scan_run, write_qa
 from spasm.export.scans import REDACTABLE, redact
 from spasm.export.select import DIALOGUE_COLUMNS, Selection, SelectionResult, check_selection, select
 from spasm.export.split import SPLIT_NAMES, assign_splits
 from spasm.export.stream import Turn, iter_dialogues, turn_index
+from spasm.export.trainers import axolotl_datasets, format_path, llamafactory_dataset_info
 
 __all__ = ["ExportOptions", "ExportSummary", "export_run", "hub_configs"]
 
@@ -56,7 +77,6 @@ _CHUNK_SCHEMA = pa.schema([
                                      ("weight", pa.int8())]))),
     *META_COLUMNS.items(),
 ])
-_FORMAT_PATHS = {"jsonl": "{name}/{split}.jsonl", "parquet": "data/{split}-00000-of-00001.parquet"}
 
 
 class ExportOptions(BaseModel):
@@ -69,7 +89,13 @@ class ExportOptions(BaseModel):
     split: tuple[float, ...] = (0.9, 0.05, 0.05)
     #: Seed of the persona split (default: the run's seed).
     seed: int | None = None
-    system_prompt: bool = True
+    #: The role's system prompt: keep, merge into the first user message, or drop (``True`` and
+    #: ``False`` are read as keep and drop).
+    system_prompt: SystemPrompt = "keep"
+    #: ``trim``: every example ends on a turn of the role it trains; ``keep``: the partner's
+    #: turns after it stay.
+    ending: Literal["trim", "keep"] = "trim"
+    #: Masks (weight 0 on flagged turns) in every format.
     weights: bool = False
     selection: Selection = Selection()
     allow_unfinished: bool = False
@@ -80,14 +106,35 @@ class ExportOptions(BaseModel):
     language: str = "en"
     #: Dialogues per work chunk (memory per chunk, not a limit on the run).
     chunk_dialogues: int = Field(2048, ge=1)
+    #: Tokens per example the export's check enforces (``None``: a warning above 65,536). Given,
+    #: the check runs even without a push.
+    token_limit: int | None = Field(None, ge=1)
+    #: Upload the folder to this Hub dataset repo (``OWNER/NAME``) once the checks pass.
+    push_to_hub: str | None = None
+    private: bool = False
+    #: The Hub branch to upload to (created if missing; default the repo's main branch).
+    revision: str | None = None
+    #: The environment variable holding the Hub token (like the backends' ``api_key_env``).
+    hub_token_env: str = "HF_TOKEN"
+    #: The Hub's address (default: huggingface_hub's, which honours ``HF_ENDPOINT``).
+    hub_endpoint: str | None = None
+
+    @field_validator("system_prompt", mode="before")
+    @classmethod
+    def _system_prompt_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return "keep" if value else "drop"
+        return value
 
 
 class ExportSummary(BaseModel):
-    """What an export wrote."""
+    """What an export wrote (and, when checked or pushed, the check and the Hub's address)."""
 
     out: str
     files: list[str]
     stats: CardStats
+    check: CheckReport | None = None
+    hub_url: str | None = None
 
 
 @dataclass
@@ -99,6 +146,13 @@ class _Built:
     words: int = 0
     redactions: Counter[str] = field(default_factory=Counter)
     splits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Partner turns trimmed from the ends of examples.
+    trimmed: int = 0
+    #: Assistant turns with weight 0, examples with one, and what ShareGPT does with those.
+    untrained_turns: int = 0
+    untrained_examples: int = 0
+    sharegpt_cut: int = 0
+    sharegpt_dropped: int = 0
 
 
 def _check_out(run: Run, out: Path, overwrite: bool) -> None:
@@ -191,12 +245,28 @@ class _Builder:
         untrained = self.untrained(did)
         for role in self.roles:
             messages = perspective(clean, role, self.system_prompt(row, role), untrained=untrained)
+            if self.options.ending == "trim":
+                messages, trimmed = end_on_role(messages)
+                self.built.trimmed += trimmed
+            self.count_masks(messages)
             meta = {k: row.get(k) for k in META_COLUMNS}
             meta.update(role=role, redactions=n_redacted)
             self.buffers.setdefault(split, []).append({"messages": messages, **meta})
             counts["examples"] += 1
         if len(self.buffers[split]) >= self.options.chunk_dialogues:
             self.flush(split)
+
+    def count_masks(self, messages: list[dict[str, Any]]) -> None:
+        zero = sum(1 for m in messages if m.get("weight") == 0)
+        if not zero:
+            return
+        self.built.untrained_turns += zero
+        self.built.untrained_examples += 1
+        cut = sharegpt_cut(messages)
+        if cut is None:
+            self.built.sharegpt_dropped += 1
+        else:
+            self.built.sharegpt_cut += 1
 
     def flush(self, split: str) -> None:
         rows = self.buffers.pop(split, [])
@@ -229,19 +299,21 @@ def _examples(chunks: list[Path]) -> Iterator[list[Example]]:
 def _write_format(
     fmt: ExportFormat, split: str, chunks: list[Path], options: FormatOptions, stage: Path
 ) -> Path:
-    rel = _FORMAT_PATHS[fmt.layout].format(name=fmt.name, split=split)
+    rel = format_path(fmt, split)
+
+    def records(examples: list[Example]) -> list[dict[str, Any]]:
+        return [r for r in (fmt.build(e, options) for e in examples) if r is not None]
 
     def write_jsonl(tmp: Path) -> None:
         with tmp.open("w", encoding="utf-8") as fh:
             for examples in _examples(chunks):
-                fh.writelines(json.dumps(fmt.build(e, options), ensure_ascii=False) + "\n" for e in examples)
+                fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records(examples))
 
     def write_parquet(tmp: Path) -> None:
-        from spasm.export.formats import HF_SCHEMA
-
-        with pq.ParquetWriter(tmp, HF_SCHEMA, compression="zstd") as writer:
+        schema = hf_schema(options)
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             for examples in _examples(chunks):
-                writer.write_table(pa.Table.from_pylist([fmt.build(e, options) for e in examples], HF_SCHEMA))
+                writer.write_table(pa.Table.from_pylist(records(examples), schema))
 
     atomic_write(stage / rel, write_jsonl if fmt.layout == "jsonl" else write_parquet)
     return Path(rel)
@@ -252,8 +324,24 @@ def hub_configs(formats: list[ExportFormat], splits: list[str]) -> list[dict[str
     format), which ``datasets.load_dataset(DIR)`` and the Hub load. Only one: ``datasets`` picks
     one builder for a folder, so a JSONL config beside Parquet ones would not load."""
     fmt = sorted(formats, key=lambda f: f.layout != "parquet")[0]
-    files = [{"split": s, "path": _FORMAT_PATHS[fmt.layout].format(name=fmt.name, split=s)} for s in splits]
+    files = [{"split": s, "path": format_path(fmt, s)} for s in splits]
     return [{"config_name": "default", "data_files": files}]
+
+
+def _check(chunks: dict[str, list[Path]], names: list[str], options: FormatOptions,
+           token_limit: int | None) -> CheckReport:
+    """OpenAI's checks over every example as the openai format renders it (whichever formats
+    are written), numbered in split order."""
+    def lines() -> Iterator[tuple[int, str]]:
+        n = 0
+        for split in names:
+            for examples in _examples(chunks[split]):
+                for e in examples:
+                    n += 1
+                    yield n, json.dumps(openai_format(e, options), ensure_ascii=False)
+
+    return check_examples(lines(), file="the exported examples (openai rendering, splits in order "
+                          + ", ".join(names) + ")", token_limit=token_limit)
 
 
 def _selection_error(result: SelectionResult) -> UserError:
@@ -271,6 +359,13 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
     if not formats:
         raise UserError("name at least one --format")
     _check_out(run, out, options.overwrite)
+    hub = None
+    if options.push_to_hub is not None:
+        from spasm.export.hub import HubTarget
+
+        hub = HubTarget.prepare(options.push_to_hub, token_env=options.hub_token_env,
+                                private=options.private, revision=options.revision,
+                                endpoint=options.hub_endpoint)  # before the work: a bad id fails fast
     dialogues = run.table("dialogues", list(dict.fromkeys(DIALOGUE_COLUMNS + CARD_COLUMNS)))
     check_selection(dialogues, options.selection)  # before the scan: a typo fails fast
     qa = scan_run(run, near_threshold=options.near_threshold)
@@ -291,6 +386,15 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
         names = [s for s in SPLIT_NAMES if s in built.chunks]
         fopts = FormatOptions(system_prompt=options.system_prompt, weights=options.weights)
         files = [_write_format(f, s, built.chunks[s], fopts, stage) for f in formats for s in names]
+        check = None
+        if hub is not None or options.token_limit is not None:
+            check = _check(built.chunks, names, fopts, options.token_limit)
+        info = llamafactory_dataset_info(formats, names, weights=options.weights)
+        if info:
+            atomic_write_json(stage / "dataset_info.json", info)
+            files.append(Path("dataset_info.json"))
+        base = hub.repo_id if hub else out.as_posix()
+        axolotl = axolotl_datasets(formats, names, base, hub=hub is not None, weights=options.weights)
         stats = card_stats(
             run, kept, built.utterances, built.words,
             examples=sum(v["examples"] for v in built.splits.values()),
@@ -300,14 +404,30 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
             qa=qa.summary, redactions=dict(sorted(built.redactions.items())), dropped=result.dropped,
             quarantined=result.quarantined, role=options.role, formats=[f.name for f in formats],
             license=options.license or str((run.config or {}).get("license") or "unknown"),
-            language=options.language,
+            language=options.language, system_prompt=options.system_prompt, ending=options.ending,
+            trimmed_turns=built.trimmed,
+            masks=MaskStats(weights=options.weights, untrained_turns=built.untrained_turns,
+                            untrained_examples=built.untrained_examples,
+                            sharegpt_cut=built.sharegpt_cut if options.weights else 0,
+                            sharegpt_dropped=built.sharegpt_dropped if options.weights else 0),
+            trainer_configs=sorted(info) if info else [],
         )
-        atomic_write_text(stage / "README.md", render_card(stats, configs=hub_configs(formats, names)))
-        atomic_write_json(stage / "card.json", stats.model_dump(mode="json"))
+        card_text = render_card(stats, configs=hub_configs(formats, names), axolotl=axolotl)
+        atomic_write_text(stage / "README.md", card_text)
+        # Not the scan's time: identical runs give identical exports (it is in the run's qa table).
+        atomic_write_json(stage / "card.json", stats.model_dump(mode="json", exclude={"qa": {"found_at"}}))
         shutil.rmtree(stage / ".work", ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         _publish(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return ExportSummary(out=str(out), files=["README.md", "card.json", *map(str, files)], stats=stats)
+    summary = ExportSummary(out=str(out), files=["README.md", "card.json", *map(str, files)], stats=stats,
+                            check=check)
+    if check is not None and not check.passed:
+        raise RunError(f"the export in {out} fails OpenAI's chat fine-tuning checks"
+                       + (": nothing was uploaded to the Hub" if hub is not None else "")
+                       + "\n" + check.text())
+    if hub is not None:
+        summary.hub_url = hub.upload(out)
+    return summary
