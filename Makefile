@@ -26,6 +26,7 @@ run: setup
 lint: setup
 	$(BIN)/ruff check spasm tests benchmarks
 	$(BIN)/mypy spasm
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/pytest -q

@@ -85,8 +85,8 @@ def build(size: int, shards: int, flush_every: int, work: Path) -> dict[str, Any
     from spasm.dataset.reader import open_run
     from spasm.dataset.store import RunStore
     from spasm.dataset.synthetic import synthesize_run
-    from spasm.executors.shards import Shard
     from spasm.personas.schema import load_schema
+    from spasm.runplan import Shard
 
     src = synthesize_run(work / f"src-{size}", n_dialogues=size, n_personas=max(1, size // 25))
     run = open_run(src)

@@ -7,8 +7,10 @@ budget cap (resume with a higher cap); 130 interrupted (rerun the same command t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
+import os
 import re
 import signal
 import sys
@@ -17,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from spasm.errors import ConfigError, SpasmError, UserError
+from spasm.exits import RUN_EXIT, TERMINATION, interrupted, outcome_code
 
 log = logging.getLogger("spasm")
 
-RUN_EXIT = {"ok": 0, "failed": 1, "usage": 2, "budget": 3, "interrupted": 130, "terminated": 143}
 
 
 def _add_generate(sub: Any) -> None:
@@ -222,12 +224,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         summary = anyio.run(engine.run)
     except KeyboardInterrupt:
-        print(
-            f"\n{'Stopped by SIGTERM' if _terminated else 'Interrupted'}. Completed dialogues are "
-            f"saved in {run_dir}. Run the same command again to resume.",
-            file=sys.stderr,
-        )
-        return RUN_EXIT["terminated" if _terminated else "interrupted"]
+        return interrupted(run_dir)
     tables = ", ".join(sorted(p.name for p in run_dir.glob("*.parquet")))
     print(f"Dataset: {run_dir} ({tables})")
     print(summary.line())
@@ -241,36 +238,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return RUN_EXIT["ok"]
 
 
-def outcome_code(summary: Any) -> int:
-    """Say how a finished pass ended (budget stop, failure) and return its exit code; ``0``
-    when neither (the caller checks what is left to do)."""
-    if summary.stopped:
-        print(f"Stopped early: {summary.stopped}. Raise the cap and rerun the same command to "
-              "continue.", file=sys.stderr)
-        return RUN_EXIT["budget"]
-    if summary.failed:
-        print(f"run failed: {summary.failed}", file=sys.stderr)
-        return RUN_EXIT["failed"]
-    return RUN_EXIT["ok"]
-
-
 def cmd_personas(args: argparse.Namespace) -> int:
     import anyio
 
+    from spasm.config import SEED_MAX, SEED_MIN
     from spasm.dataset.files import atomic_write_table
+    from spasm.dataset.outputs import check_output
     from spasm.dataset.rows import persona_row_model, rejection_row_model
     from spasm.dataset.store import rows_to_table
-    from spasm.personas import build_personas, load_schema
+    from spasm.persona_stage import build_personas
+    from spasm.personas import load_schema
 
     if not 1 <= args.n <= 1_000_000:
         raise UserError("--n must be between 1 and 1,000,000 (personas are held in memory)")
+    if not SEED_MIN <= args.seed <= SEED_MAX:
+        raise UserError(f"--seed must be between {SEED_MIN} and {SEED_MAX} (a 64-bit integer).")
     out: Path = args.out
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; name the .parquet file to write.")
+    rejected_out = out.with_name(out.stem + ".rejected.parquet")
+    for path in (out, rejected_out):  # never into a run's tables or over its files
+        check_output(path, "personas")
     schema = load_schema(args.schema)
     result = anyio.run(lambda: build_personas(schema, args.n, args.seed))
     names, ints = schema.field_names, schema.integer_fields()
-    rejected_out = out.with_name(out.stem + ".rejected.parquet")
     atomic_write_table(out, rows_to_table("personas", persona_row_model(names, ints), result.accepted))
     atomic_write_table(rejected_out, rows_to_table(
         "persona_rejections", rejection_row_model(names, ints), result.rejected))
@@ -283,14 +272,40 @@ class _Terminated(Exception):
     """Marks that the interrupt came from SIGTERM (exit 143), not Ctrl-C (130)."""
 
 
-_terminated = False
+class _ClosedPipeSafe:
+    """stdout that outlives its reader (``spasm export … | head``): once the pipe is closed,
+    further output goes to /dev/null and the command ends with its own exit code, not a
+    ``BrokenPipeError`` (a closed pipe is not a failed run)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _drop(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM (schedulers, containers, ``timeout``) is handled like Ctrl-C: the running loop is
     cancelled, finished dialogues are flushed, and the exit says how to resume."""
-    global _terminated
-    _terminated = True
+    TERMINATION.by_sigterm = True
     signal.default_int_handler(signal.SIGINT, frame)
 
 
@@ -313,7 +328,6 @@ def _os_error(exc: OSError) -> tuple[str, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code. Every expected failure ends here as a message and an
     exit code (see the README's table), never a traceback."""
-    global _terminated
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -323,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return RUN_EXIT["usage"]
-    _terminated = False
+    TERMINATION.by_sigterm = False
     previous = signal.getsignal(signal.SIGTERM)
     in_main_thread = signal.getsignal(signal.SIGINT) is not None
     try:
@@ -331,13 +345,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread (tests): leave signals alone
         in_main_thread = False
+    guard = sys.stdout is sys.__stdout__ and sys.stdout is not None
+    if guard:
+        sys.stdout = _ClosedPipeSafe(sys.stdout)  # type: ignore[assignment]
     try:
         code: int = args.func(args)
+        sys.stdout.flush()
         return code
     except KeyboardInterrupt:
-        print("\nStopped by SIGTERM." if _terminated else "\nInterrupted.", "Nothing committed "
+        print("\nStopped by SIGTERM." if TERMINATION.by_sigterm else "\nInterrupted.", "Nothing committed "
               "is lost; rerun the same command to resume.", file=sys.stderr)
-        return RUN_EXIT["terminated" if _terminated else "interrupted"]
+        return RUN_EXIT["terminated" if TERMINATION.by_sigterm else "interrupted"]
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return RUN_EXIT["usage"]
@@ -350,10 +368,19 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return code
     finally:
+        if guard:
+            sys.stdout.flush()
+            sys.stdout = sys.__stdout__
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
 
 
 def entrypoint() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    # The command is done (``main`` restored the default SIGTERM action, which would report
+    # "killed by SIGTERM", 143): a SIGTERM during the interpreter's shutdown, which can take a
+    # second, ends the process at once with the command's own exit code.
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
+    sys.exit(code)

@@ -281,12 +281,14 @@ class RunConfig(_Strict):
     @classmethod
     def _backend_names(cls, v: dict[str, BackendConfig]) -> dict[str, BackendConfig]:
         # A pairing's label is "client/responder" and dialogue ids are viewer URLs: a name with
-        # "/" (or a control character, or none at all) would make two pairings one label.
+        # "/" would make two pairings one label, and "/", "..", control characters or an empty
+        # name give ids the viewer cannot open.
         for name in v:
-            if not name or "/" in name or "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            bad = not name or ".." in name or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name)
+            if bad:
                 raise ValueError(
                     f"backend name {name!r} is not allowed: a name is non-empty and has no '/', "
-                    "'\\' or control characters (e.g. gpt-4o, local_qwen)"
+                    "'\\', '..' or control characters (e.g. gpt-4o, local_qwen)"
                 )
         return v
 
@@ -445,3 +447,22 @@ def read_yaml(path: str | Path, what: str) -> Any:
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate a YAML or JSON run config."""
     return parse_config(read_yaml(path, "config"), str(path))
+
+
+def config_differences(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str:
+    """The dotted config fields that differ between two resolved configs, for messages."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        elif a != b:
+            out.append(f"{path or 'config'}: {json.dumps(a, default=str)[:40]} → "
+                       f"{json.dumps(b, default=str)[:40]}")
+
+    walk(old, new, prefix)
+    if not out:
+        return "the config format changed"
+    more = f" and {len(out) - limit} more" if len(out) > limit else ""
+    return "; ".join(out[:limit]) + more

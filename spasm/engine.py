@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from spasm.backends import Backend
 from spasm.calls import Cache, Caller, CallScope
-from spasm.config import RunConfig
+from spasm.config import RunConfig, config_differences
 from spasm.dataset.files import atomic_write_json as write_json
 from spasm.dataset.lock import LOCK_FILE, RunLock
 from spasm.dataset.outputs import aside_path, check_output, finish_replacement
@@ -38,10 +38,11 @@ from spasm.errors import (
     UserError,
 )
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
-from spasm.executors.shards import Shard, resume_check
-from spasm.personas import PersonaSet, PolicyCompiler, build_personas, load_schema
+from spasm.finish import complete_run
+from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas
+from spasm.personas import load_schema
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
-from spasm.runplan import config_differences, legacy_dialogue_id, make_backends, plan
+from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
 from spasm.summary import RunSummary, manifest_record, progress_lines
 
 __all__ = ["TABLES", "Engine", "RunSummary", "config_differences", "make_backends", "plan"]
@@ -273,6 +274,7 @@ class Engine:
         (the old run restored, or deleted once the new one holds a dialogue). The run being
         replaced stays locked until the new directory is, so no other process takes it for a
         leftover."""
+        check_output(self.run_dir, "generate", overwrite=self.overwrite)  # before any lock file
         with RunLock(self.run_dir) if self.run_dir.is_dir() else nullcontext():
             finish_replacement(self.run_dir, _has_dialogues)
         old = RunLock(self.run_dir).acquire() if self.run_dir.is_dir() else None
@@ -350,7 +352,7 @@ class Engine:
             summary.planned = len(specs)
             summary.completed = len(specs) - len(todo)
             await self._execute(todo, backends, caller, summary)
-            summary.failed = summary.failed or summary.fallback_failure()
+            summary.failed = summary.failed or summary.bug_failure() or summary.fallback_failure()
             finished = summary.stopped is None and only is None
         except (StructuredOutputRejectedError, EndpointRefusedError) as exc:
             summary.failed = str(exc)
@@ -364,12 +366,8 @@ class Engine:
                         self._stored_count, planned_ids, summary.completed)
                 if finished and summary.completed == summary.planned:
                     await anyio.to_thread.run_sync(_prune_resolved_errors, store)
-                    await anyio.to_thread.run_sync(store.ensure_tables, TABLES)
-                    await anyio.to_thread.run_sync(store.compact_all)
-                    if self.config.harness.active:
-                        from spasm.harness.report import level_report
-
-                        await anyio.to_thread.run_sync(level_report, self.run_dir)
+                    await anyio.to_thread.run_sync(
+                        complete_run, store, self.run_dir, TABLES, self.config.harness)
                     status = "failed" if summary.failed else "complete"
                 else:
                     status = (

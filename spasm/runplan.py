@@ -1,43 +1,47 @@
-"""The plan of a run: every dialogue it holds, in a stable order, and the backends it uses.
+"""The plan of a run: every dialogue it holds, in a stable order, the backends it uses, and
+its shards (``spasm generate --shard I/N``).
 
 Kept apart from the engine so that the dry run, shards and merge reason about the same plan.
+
+A shard is one of N parts of the plan, split by persona: shard I runs every dialogue of the
+personas whose ``persona_index % N == I`` — all their conversations, conditions, pairings and
+harness levels — with exactly the seeds and dialogue ids of the unsharded run (both depend on
+the persona and the conversation only). The split is round-robin over the persona index, so
+the shards differ by at most one persona, and it needs nothing but the index: any scheduler
+(a SLURM array, a Kubernetes job index) can run the shards in any order, on any machine.
+Every shard draws the whole persona set with the run's seed and records ``shard`` (index,
+count and a digest of the whole persona set) in its manifest, so a merge can tell shards of
+one run from shards that drew different personas, and a shard directory cannot be resumed
+as another shard or as an unsharded run (:mod:`spasm.executors.shards` sizes shards for an
+executor).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 from spasm.backends import Backend, make_backend
 from spasm.config import RunConfig
-from spasm.errors import RunError
+from spasm.errors import RunError, UserError
 from spasm.runner import DialogueSpec
 from spasm.seeds import derive_seed
 
-if TYPE_CHECKING:
-    from spasm.executors.shards import Shard
-
-__all__ = ["config_differences", "dialogue_id", "id_part", "legacy_dialogue_id", "make_backends", "plan"]
-
-
-def config_differences(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str:
-    """The dotted config fields that differ between two resolved configs, for messages."""
-    out: list[str] = []
-
-    def walk(a: Any, b: Any, path: str) -> None:
-        if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b)):
-                walk(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
-        elif a != b:
-            out.append(f"{path or 'config'}: {json.dumps(a, default=str)[:40]} → "
-                       f"{json.dumps(b, default=str)[:40]}")
-
-    walk(old, new, prefix)
-    if not out:
-        return "the config format changed"
-    more = f" and {len(out) - limit} more" if len(out) > limit else ""
-    return "; ".join(out[:limit]) + more
+__all__ = [
+    "Shard",
+    "dialogue_id",
+    "id_part",
+    "legacy_dialogue_id",
+    "make_backends",
+    "personas_digest",
+    "plan",
+    "resume_check",
+]
 
 
 def id_part(name: str) -> str:
@@ -117,3 +121,102 @@ def make_backends(config: RunConfig) -> dict[str, Backend]:
     if config.harness.backend:
         used.add(config.harness.backend)
     return {name: make_backend(name, config.backends[name]) for name in sorted(used)}
+
+
+# -- shards ---------------------------------------------------------------------------------
+P = TypeVar("P", bound=Mapping[str, Any])
+
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (0-based: ``0/3``, ``1/3``, ``2/3``)."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise UserError(
+                f"shard {self.index}/{self.count} does not exist: write --shard I/N with "
+                "0 <= I < N (a SLURM array --array=0-(N-1) gives I as $SLURM_ARRAY_TASK_ID)."
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """Parse ``"I/N"`` (raises :class:`UserError` saying how to write it)."""
+        match = _SPEC.match(text)
+        if not match:
+            raise UserError(f"--shard {text!r}: write it as I/N, e.g. --shard 0/3 for the first "
+                            "of three shards.")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    @property
+    def dirname(self) -> str:
+        """The directory name the Ray executor gives this shard (``1-of-3``)."""
+        return f"{self.index}-of-{self.count}"
+
+    def owns(self, persona: Mapping[str, Any]) -> bool:
+        """Whether the persona's dialogues belong to this shard."""
+        return int(persona["persona_index"]) % self.count == self.index
+
+    def select(self, personas: Sequence[P]) -> list[P]:
+        """This shard's personas, in their order (already selected ones pass unchanged)."""
+        return [p for p in personas if self.owns(p)]
+
+    def record(self, personas: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+        """What the manifest records of the shard; with the whole persona set, its digest."""
+        out: dict[str, Any] = {"spec": str(self), "index": self.index, "count": self.count}
+        if personas is not None:
+            out["personas"] = len(personas)
+            out["personas_sha256"] = personas_digest(personas)
+        return out
+
+
+def personas_digest(personas: Sequence[Mapping[str, Any]]) -> str:
+    """sha256 of a persona set (every field of every persona, in index order)."""
+    rows = sorted(personas, key=lambda p: int(p["persona_index"]))
+    blob = json.dumps([dict(p) for p in rows], sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def stored_shard(run_dir: Path) -> tuple[bool, dict[str, Any] | None]:
+    """(whether ``run_dir`` has a readable manifest, the shard it records or ``None``)."""
+    try:
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False, None
+    if not isinstance(manifest, dict):
+        return False, None
+    shard = manifest.get("shard")
+    return True, shard if isinstance(shard, dict) else None
+
+
+def resume_check(run_dir: Path, shard: Shard | None) -> dict[str, Any] | None:
+    """Refuse to resume ``run_dir`` as another shard than it holds; returns its shard record
+    (with the persona digest of the first pass) to carry on, or ``None``."""
+    readable, old = stored_shard(run_dir)
+    if not readable:
+        return shard.record() if shard is not None else None
+    held = old.get("spec") if old else None
+    wanted = str(shard) if shard is not None else None
+    if held == wanted:
+        return old
+    if held is None:
+        raise UserError(
+            f"{run_dir} holds an unsharded run, so it cannot be resumed as shard {wanted}. "
+            "Give the shard its own --out, or drop --shard to resume the run."
+        )
+    if wanted is None:
+        raise UserError(
+            f"{run_dir} holds shard {held} of a sharded run; resume it with --shard {held}, "
+            "merge the shards with `spasm merge`, or use another --out."
+        )
+    raise UserError(
+        f"{run_dir} holds shard {held}, so it cannot be resumed as shard {wanted}. Give each "
+        "shard its own --out (e.g. runs/<name>/shards/I-of-N)."
+    )

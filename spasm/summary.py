@@ -48,6 +48,8 @@ class RunSummary:
     #: Per ``harness_level``: fallbacks, and harness structured replies that parsed.
     level_fallbacks: Counter[str] = field(default_factory=Counter)
     level_parsed: Counter[str] = field(default_factory=Counter)
+    #: Quarantined bugs (failures that are not run errors) by ``type: message``.
+    bugs: Counter[str] = field(default_factory=Counter)
     #: Why the run failed although it may have finished (the manifest says ``failed``).
     failed: str | None = None
 
@@ -57,6 +59,8 @@ class RunSummary:
         if result.error is not None:
             self.errors += 1
             self.error_types[result.error.error_type] += 1
+            if result.error.traceback is not None:
+                self.bugs[f"{result.error.error_type}: {result.error.error}"] += 1
             return False
         assert result.dialogue is not None
         self.new += 1
@@ -75,6 +79,15 @@ class RunSummary:
             and json.loads(r.params).get("structured")
         )
         return True
+
+    def bug_failure(self) -> str | None:
+        """The error for a pass whose dialogues all failed on one bug, if so."""
+        if self.new or not self.errors or len(self.bugs) != 1 or sum(self.bugs.values()) != self.errors:
+            return None
+        (bug, n), = self.bugs.items()
+        return (f"all {n} dialogues of this pass failed on the same bug ({bug[:200]}); its "
+                "traceback is above and in errors.parquet (column traceback). This is not a "
+                "problem of the endpoint: please report it.")
 
     def fallback_failure(self) -> str | None:
         """The error for harness levels whose structured calls all fell back, if any."""

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from spasm.errors import ConfigError
-from spasm.personas import build_personas, load_schema, render_persona_card, rule_violations
+from spasm.persona_stage import build_personas
+from spasm.personas import load_schema, render_persona_card, rule_violations
 from spasm.personas.sampler import sample_candidate
 from spasm.personas.schema import ChoiceField
 
@@ -46,7 +47,8 @@ def _build(n: int, seed: int, schema=SCHEMA):  # type: ignore[no-untyped-def]
 def test_same_seed_same_personas_in_a_fresh_process() -> None:
     here = _build(5, 123).accepted
     code = (
-        "import anyio, json; from spasm.personas import build_personas, load_schema;"
+        "import anyio, json; from spasm.persona_stage import build_personas;"
+        "from spasm.personas import load_schema;"
         "r = anyio.run(lambda: build_personas(load_schema(), 5, 123));"
         "print(json.dumps([{k: v for k, v in p.items() if k != '_calls'} for p in r.accepted]))"
     )

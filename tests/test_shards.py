@@ -13,7 +13,8 @@ from spasm.cli import main
 from spasm.config import parse_config
 from spasm.dataset import open_run
 from spasm.errors import UserError
-from spasm.executors.shards import Shard, parallel_shards, share_limits
+from spasm.executors.shards import parallel_shards, share_limits
+from spasm.runplan import Shard
 from spasm.testing import TestServer
 from tests.conftest import endpoint_config
 

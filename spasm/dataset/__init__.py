@@ -17,20 +17,41 @@ docs/format.md describes the run directory and its schema versions.
 
 from __future__ import annotations
 
-from spasm.dataset.reader import DialogueView, Run, SeenMessages, open_run, seen_messages
-from spasm.dataset.rows import (
-    SCHEMA_VERSION,
-    AnnotationRow,
-    CallRow,
-    DialogueRow,
-    ErrorRow,
-    QARow,
-    TurnRow,
-)
-from spasm.dataset.store import RunStore
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spasm.dataset.reader import DialogueView, Run, SeenMessages, open_run, seen_messages
+    from spasm.dataset.rows import (
+        SCHEMA_VERSION,
+        AnnotationRow,
+        CallRow,
+        DialogueRow,
+        ErrorRow,
+        QARow,
+        TurnRow,
+    )
+    from spasm.dataset.store import RunStore
+
+#: Each public name and the module that defines it (loaded on first use, PEP 562, so the
+#: LLM layer can import the row models without loading the reader).
+_HOMES = {
+    "SCHEMA_VERSION": "spasm.dataset.rows",
+    "AnnotationRow": "spasm.dataset.rows",
+    "CallRow": "spasm.dataset.rows",
+    "DialogueRow": "spasm.dataset.rows",
+    "DialogueView": "spasm.dataset.reader",
+    "ErrorRow": "spasm.dataset.rows",
+    "QARow": "spasm.dataset.rows",
+    "Run": "spasm.dataset.reader",
+    "RunStore": "spasm.dataset.store",
+    "SeenMessages": "spasm.dataset.reader",
+    "TurnRow": "spasm.dataset.rows",
+    "open_run": "spasm.dataset.reader",
+    "seen_messages": "spasm.dataset.reader",
+}
 
 __all__ = [
-    "SCHEMA_VERSION",
     "AnnotationRow",
     "CallRow",
     "DialogueRow",
@@ -39,8 +60,22 @@ __all__ = [
     "QARow",
     "Run",
     "RunStore",
+    "SCHEMA_VERSION",
     "SeenMessages",
     "TurnRow",
     "open_run",
     "seen_messages",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'spasm.dataset' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from spasm.dataset.lock import LOCK_FILE, RunLock, lock_holder
+from spasm.dataset.outputs import check_output
 from spasm.dataset.reader import Run, open_run
 from spasm.dataset.store import RunStore
 from spasm.errors import UserError
@@ -139,7 +140,7 @@ def _check_same_run(shards: list[ShardRun]) -> None:
     first = shards[0]
     for s in shards[1:]:
         if s.fingerprint != first.fingerprint:
-            from spasm.runplan import config_differences
+            from spasm.config import config_differences
 
             changed = config_differences(first.config.get("config"), s.config.get("config"))
             raise UserError(
@@ -318,6 +319,7 @@ def merge_runs(
     if (missing or unfinished) and not allow_partial:
         _refuse_gaps(runs, missing, unfinished)
     out = Path(out)
+    check_output(out, "merge")  # never into a run's tables, over its files or over other files
     exists = _check_out(out, runs)
     runs.sort(key=lambda s: int(s.shard["index"]) if s.shard else 0)
     status = "partial" if missing or unfinished else "complete"
@@ -335,19 +337,4 @@ def merge_runs(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    _harness_report(out)
     return result
-
-
-def _harness_report(out: Path) -> None:
-    """The end-of-run harness report, as the engine writes it for a run with the harness on."""
-    cfg = _json(out / "config.json").get("config")
-    harness = cfg.get("harness") if isinstance(cfg, dict) else None
-    if not isinstance(harness, dict):
-        return
-    from spasm.config import HarnessConfig
-
-    if HarnessConfig.model_validate(harness).active and (out / "dialogues.parquet").exists():
-        from spasm.harness.report import level_report
-
-        level_report(out)

@@ -15,6 +15,6 @@ docs/cluster.md describes running on a cluster.
 
 from __future__ import annotations
 
-from spasm.executors.shards import Shard
+from spasm.runplan import Shard
 
 __all__ = ["Shard"]

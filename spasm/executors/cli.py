@@ -8,12 +8,11 @@ spasm/cli.py stays thin: it calls :func:`register`, :func:`add_generate_flags`,
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from spasm.errors import UserError
-from spasm.executors.shards import Shard
+from spasm.runplan import Shard
 
 __all__ = ["add_generate_flags", "cmd_merge", "generate_with_ray", "register", "shard_of"]
 
@@ -37,8 +36,10 @@ def register(sub: Any) -> None:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from spasm.dataset.merge import merge_runs
+    from spasm.finish import write_reports
 
     result = merge_runs(args.shards, args.out, allow_partial=args.allow_partial)
+    write_reports(args.out)
     print(result.line())
     return 0
 
@@ -67,8 +68,8 @@ def shard_of(args: argparse.Namespace) -> Shard | None:
 
 def generate_with_ray(args: argparse.Namespace, config: Any, run_dir: Path) -> int:
     """``spasm generate --executor ray``; returns the exit code."""
-    from spasm.cli import RUN_EXIT, outcome_code
     from spasm.executors.ray_executor import import_ray, run_with_ray
+    from spasm.exits import interrupted, outcome_code
 
     if args.shard:
         raise UserError("--shard runs one shard in this process; with --executor ray every shard "
@@ -84,8 +85,6 @@ def generate_with_ray(args: argparse.Namespace, config: Any, run_dir: Path) -> i
         run = run_with_ray(config, run_dir, shards=args.shards, address=args.ray_address,
                            overwrite=args.overwrite, progress=False if args.no_progress else None)
     except KeyboardInterrupt:
-        print(f"\nInterrupted. Completed dialogues are saved in {run_dir}/shards. Run the same "
-              "command again to resume.", file=sys.stderr)
-        return RUN_EXIT["interrupted"]
+        return interrupted(run_dir / "shards")
     print(run.line())
     return outcome_code(run)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +34,11 @@ from typing import Any
 
 from spasm.dataset.lock import LOCK_FILE, RunLock
 from spasm.dataset.merge import MergeResult, merge_runs
+from spasm.dataset.outputs import check_output
 from spasm.errors import RunError, SpasmError, UserError
-from spasm.executors.shards import Shard, parallel_shards, share_limits
+from spasm.executors.shards import parallel_shards, share_limits
+from spasm.finish import write_reports
+from spasm.runplan import Shard
 
 __all__ = ["RayRun", "import_ray", "run_with_ray"]
 
@@ -264,6 +269,7 @@ def run_with_ray(
     out = Path(out).resolve()  # workers may not share the driver's working directory
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; name a directory for the run.")
+    check_output(out, "generate", overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out):
         count = _prepare_out(out, config, shards, overwrite)
@@ -272,8 +278,13 @@ def run_with_ray(
         started = False
         if not ray.is_initialized():
             local = address is None and not os.environ.get("RAY_ADDRESS")
+            handler = signal.getsignal(signal.SIGTERM)
             ray.init(address=address, **({"include_dashboard": False} if local else {}),
                      log_to_driver=False)
+            if handler is not None and threading.current_thread() is threading.main_thread():
+                # ray.init replaces it with sys.exit: put spasm's back, so SIGTERM stops the
+                # run as without Ray (exit 143 with the resume hint).
+                signal.signal(signal.SIGTERM, handler)
             started = True
         try:
             if not count:
@@ -311,3 +322,4 @@ def _settle(run: RayRun, config: Any, all_shards: list[Shard]) -> None:
     dirs = [run.out / "shards" / s.dirname for s in all_shards]
     own = {"fingerprint": config.fingerprint(), "config": config.redacted()}
     run.merged = merge_runs(dirs, run.out, config=own, lock=False)
+    write_reports(run.out, config.harness)

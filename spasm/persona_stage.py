@@ -1,0 +1,160 @@
+"""The persona stage of a run (SPEC §2): draw candidates, check them by rules and, if asked,
+by a model, craft their cards, compile their policies.
+
+The persona *definitions* (schema, sampler, rules, card templates) live in
+:mod:`spasm.personas` and call no model; this stage is where models are called, through the
+one caller, so the run format (:mod:`spasm.dataset`) can read a schema without loading the LLM
+layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from spasm.backends.base import ChatRequest
+from spasm.calls import Caller, CallScope
+from spasm.errors import BackendError, ConfigError
+from spasm.personas.crafter import render_persona_card, rewrite_messages
+from spasm.personas.sampler import candidates
+from spasm.personas.schema import PersonaSchema
+from spasm.personas.validator import PersonaVerdict, llm_validation_messages, rule_violations
+
+#: Compiles an accepted persona (its fields, card and id) into its policy:
+#: ``(policy JSON, policy version, fell back)``.
+PolicyCompiler = Callable[[dict[str, Any], CallScope], Awaitable[tuple[str, str, bool]]]
+
+__all__ = ["PersonaSet", "PolicyCompiler", "build_personas", "persona_id"]
+
+
+@dataclass
+class PersonaSet:
+    """Accepted personas (table rows) and every rejected candidate with its reasons."""
+
+    accepted: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    #: The call-log rows of the model calls made for accepted personas.
+    calls: list[Any] = field(default_factory=list)
+    llm_fallbacks: int = 0
+
+
+def persona_id(schema: PersonaSchema, seed: int, index: int, fields: dict[str, Any]) -> str:
+    """Stable id: position plus a short hash of the schema, seed and fields."""
+    blob = json.dumps([schema.name, schema.schema_version, seed, fields], sort_keys=True)
+    return f"p{index:04d}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+async def build_personas(
+    schema: PersonaSchema,
+    n: int,
+    seed: int,
+    *,
+    caller: Caller | None = None,
+    backend: str | None = None,
+    llm_validate: bool = False,
+    llm_craft: bool = False,
+    validator_temperature: float = 0.3,
+    crafter_temperature: float = 0.7,
+    max_draws_per_persona: int = 200,
+    compile_policy: PolicyCompiler | None = None,
+) -> PersonaSet:
+    """Draw candidates until ``n`` pass the rules (and the LLM check, if on); craft their cards.
+
+    With ``compile_policy`` each accepted persona's card is also compiled into its policy
+    (SPEC §4.1), stored as the ``policy`` JSON column with its ``policy_version``; the engine
+    passes the harness's one extraction path (:func:`spasm.harness.policy.client_policy`), so
+    this package knows nothing of the harness.
+    """
+    if (llm_validate or llm_craft) and (caller is None or backend is None):
+        raise ConfigError("LLM validation or crafting needs a backend (personas.backend)")
+    out = PersonaSet()
+    max_draws = n * max_draws_per_persona
+    reasons: Counter[str] = Counter()
+    stream = candidates(schema, seed)
+    draws = 0
+    while len(out.accepted) < n:
+        if draws >= max_draws:
+            top = "; ".join(f"{r} ({c}×)" for r, c in reasons.most_common(3))
+            raise ConfigError(
+                f"The persona schema's rules rejected {draws - len(out.accepted)} of {draws} "
+                f"candidates and only {len(out.accepted)} of {n} personas passed. The rules "
+                f"reject nearly everything; loosen them. Most frequent: {top}"
+            )
+        fields = next(stream)
+        draws += 1
+        if draws % 256 == 0:
+            # Sampling is CPU-bound: give the event loop a moment so Ctrl-C and SIGTERM (which
+            # cancel the running task) take effect at once, not after the last persona.
+            await anyio.sleep(0)
+        verdicts: list[dict[str, Any]] = []
+        violations = rule_violations(schema, fields)
+        if violations:
+            reasons.update(v.split(":", 1)[0] for v in violations)
+            out.rejected.append({"draw": draws - 1, **fields, "stage": "rules",
+                                 "reasons": json.dumps(violations)})
+            continue
+        verdicts.append({"stage": "rules", "valid": True, "reason": "all rules pass"})
+        index = len(out.accepted)
+        pid = persona_id(schema, seed, index, fields)
+        scope = CallScope(persona_id=pid)
+        if llm_validate:
+            assert caller is not None and backend is not None
+            verdict = (await caller.structured(
+                "validator", backend, llm_validation_messages(fields),  # type: ignore[arg-type]
+                PersonaVerdict, scope, temperature=validator_temperature, max_tokens=120,
+                seed=seed + draws,
+            )).value
+            if verdict is None:
+                out.llm_fallbacks += 1
+                verdicts.append({"stage": "llm", "valid": True,
+                                 "reason": "no parsable verdict; accepted on the rules alone"})
+            elif not verdict.valid:
+                reasons.update(["llm"])
+                out.rejected.append({"draw": draws - 1, **fields, "stage": "llm",
+                                     "reasons": json.dumps([verdict.reason])})
+                continue
+            else:
+                verdicts.append({"stage": "llm", "valid": True, "reason": verdict.reason})
+        card = render_persona_card(fields)
+        source = "template"
+        if llm_craft:
+            assert caller is not None and backend is not None
+            req = ChatRequest(
+                messages=tuple(rewrite_messages(card)),  # type: ignore[arg-type]
+                temperature=crafter_temperature, max_tokens=300, seed=seed + draws,
+            )
+            try:
+                completion = await caller.complete("crafter", backend, req, scope)
+                card, source = completion.text.strip(), "llm"
+            except BackendError as exc:
+                out.llm_fallbacks += 1
+                verdicts.append({"stage": "crafter", "valid": True,
+                                 "reason": f"rewrite failed ({type(exc).__name__}); template kept"})
+        policy: dict[str, Any] = {}
+        if compile_policy is not None:
+            compiled, version, fell_back = await compile_policy(
+                {**fields, "card": card, "persona_id": pid}, scope)
+            out.llm_fallbacks += fell_back
+            policy = {"policy": compiled, "policy_version": version}
+        out.accepted.append(
+            {
+                "persona_id": pid,
+                "persona_index": index,
+                "seed": seed,
+                **fields,
+                "card": card,
+                "card_source": source,
+                "verdicts": json.dumps(verdicts),
+                "schema_name": schema.name,
+                "schema_version": schema.schema_version,
+                **policy,
+            }
+        )
+        out.calls.extend(scope.records)
+    return out
