@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import shutil
+from html import escape
 from pathlib import Path
 
 import pandas as pd
@@ -54,7 +55,7 @@ def test_eval_writes_metrics_and_a_report_with_four_figures(
     assert len(images) == 4
     assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
     figures = read_figures(small_run / "eval")  # the same figures as data, for the viewer
-    assert [f.png_base64 for f in figures] == images and all(f.caption in html for f in figures)
+    assert [f.png_base64 for f in figures] == images and all(escape(f.caption) in html for f in figures)
     assert {"drift", "map", "acc", "echo"} <= {f.name for f in figures}
     assert "http://" not in html and "https://" not in html  # self-contained
 
