@@ -15,6 +15,7 @@ import yaml
 
 from spasm.cli import main
 from spasm.dataset import open_run
+from spasm.export.pipeline import ExportOptions
 from tests.test_qa import generate_run
 
 datasets = pytest.importorskip("datasets")
@@ -299,6 +300,11 @@ def test_system_prompt_drop_is_the_old_no_system_prompt(clean: Path, tmp_path: P
     assert export(clean, tmp_path / "c", "--no-system-prompt", "--system-prompt", "merge") == 2
     assert "disagree" in capsys.readouterr().err
     assert export(clean, tmp_path / "d", "--system-prompt", "fold") == 2
+    assert export(clean, tmp_path / "e", "--ending", "cut") == 2
+    assert "--ending 'cut': choose trim or keep" in capsys.readouterr().err
+    # The library keeps reading the old boolean.
+    assert ExportOptions(system_prompt=False).system_prompt == "drop"
+    assert ExportOptions(system_prompt=True).system_prompt == "keep"
 
 
 # --------------------------------------------------------------------------- 5. trainer configs
