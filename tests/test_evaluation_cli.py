@@ -36,7 +36,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthesize_run(tmp_path_factory.mktemp("eval") / "run", n_dialogues=48, n_personas=6)
 
 
-def test_eval_writes_metrics_and_a_report_with_four_figures(
+def test_eval_writes_metrics_and_a_report_with_its_figures(
     small_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _run_cli(["eval", str(small_run), "--no-progress"]) == 0
@@ -52,7 +52,7 @@ def test_eval_writes_metrics_and_a_report_with_four_figures(
 
     html = (small_run / "eval" / "report.html").read_text()
     images = re.findall(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 4
+    assert len(images) == 6  # drift, map, acc, echo, echo onset, forest plot
     assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
     figures = read_figures(small_run / "eval")  # the same figures as data, for the viewer
     assert [f.png_base64 for f in figures] == images and all(escape(f.caption) in html for f in figures)
@@ -179,4 +179,4 @@ def test_tables_as_part_directories_and_no_ok_dialogue(tmp_path: Path) -> None:
     m = spasm.evaluation.evaluate(flat, progress=False)
     assert m.counts.dialogues_ok == 0 and m.counts.dialogues_total == 4
     assert m.echoing.overall.rate is None and m.separability == [] and m.drift.notes
-    assert (flat / "eval" / "report.html").read_text().count("data:image/png;base64,") == 4
+    assert (flat / "eval" / "report.html").read_text().count("data:image/png;base64,") == 6

@@ -97,6 +97,18 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
         default="card",
         help="Acc@K against persona cards (card, default) or leave-one-out centroids",
     )
+    p.add_argument(
+        "--reference",
+        metavar="OTHER",
+        default=None,
+        help="a run or imported dataset (e.g. human dialogues) to z-score the realism metrics against",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="CONDITION",
+        default=None,
+        help="the condition every other one is compared with (default: ecp when present)",
+    )
     p.add_argument("--concurrency", metavar="N", type=int, default=8, help="LLM calls in flight")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -217,6 +229,11 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
         raise UserError("--concurrency must be at least 1.")
     if not Path(args.run_dir).is_dir():
         raise UserError(f"Run directory {args.run_dir} does not exist.")
+    if args.reference is not None and not Path(args.reference).is_dir():
+        raise UserError(
+            f"--reference {args.reference} does not exist; give a run directory or a dataset "
+            "imported with `spasm import`."
+        )
     options: dict[str, Any] = {}
     if args.embedder == "openai":
         options = {
@@ -238,6 +255,8 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
         llm_config=llm_config,
         llm_max_tokens=args.llm_max_tokens,
         retrieval=args.retrieval,
+        reference=args.reference,
+        baseline=args.baseline,
         out_dir=out,
         concurrency=args.concurrency,
         progress=False if args.no_progress else None,
@@ -271,19 +290,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if metrics.judge:
             print(f"Judge fallbacks: {e.judge_fallbacks} of {metrics.counts.dialogues_ok} dialogues")
     print(f"Wrote {out / 'metrics.json'}")
+    print(f"Wrote {out / 'compare.json'}")
     print(f"Wrote {out / 'report.html'}")
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``spasm compare``: print the comparison tables (evaluating first when needed)."""
-    from spasm.evaluation.compare import comparison_text
-    from spasm.evaluation.pipeline import EVAL_DIRNAME, METRICS_FILE, load_metrics
+    """``spasm compare``: print the comparison tables (evaluating first when needed) and
+    write ``compare.json``: every metric per condition, paired against the baseline."""
+    from spasm.evaluation.compare import comparison_text, write_comparison
+    from spasm.evaluation.pipeline import (
+        COMPARE_FILE,
+        EVAL_DIRNAME,
+        METRICS_FILE,
+        comparison_for,
+        load_metrics,
+    )
 
-    path = Path(args.run_dir) / EVAL_DIRNAME / METRICS_FILE
+    eval_dir = Path(args.run_dir) / EVAL_DIRNAME
+    path = eval_dir / METRICS_FILE
     fresh = args.recompute or not path.is_file()
+    if not fresh and args.reference is not None:
+        fresh = True  # z-scores against a new reference need the realism stage again
     metrics = _evaluate(args, None) if fresh else load_metrics(path)
-    sys.stdout.write(comparison_text(metrics))
+    comparison = comparison_for(eval_dir, metrics, baseline=args.baseline)
+    write_comparison(comparison, eval_dir / COMPARE_FILE)
+    sys.stdout.write(comparison_text(metrics, comparison))
+    print(f"Wrote {eval_dir / COMPARE_FILE}")
     return 0
 
 

@@ -1,14 +1,305 @@
-"""``spasm compare``: the ECP-vs-CONCAT and per-pairing tables, as plain text."""
+"""``spasm compare``: every metric per condition, paired by persona and seed.
+
+:func:`compare_conditions` reads the per-dialogue metrics (``per_dialogue.parquet``) and,
+for every condition against a baseline (ECP when the run has it), pairs dialogues on
+(pairing, persona_id, conversation_index, seed, harness_level) — several dialogues of one
+condition under one key are averaged first — and reports per metric: Δ = mean(baseline −
+condition) with its 95% t-interval, the paired Cohen's d_z with an approximate 95% interval,
+the paired t-test and Wilcoxon p-values, and the t-test p-value Holm-corrected across the
+metrics of that contrast (and pairing). :func:`comparison_text` prints it with the older
+ECP-vs-CONCAT drift and per-pairing tables.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
 
+from spasm.dataset.files import atomic_write_text
+from spasm.errors import UserError
 from spasm.evaluation.metrics import Metrics
+from spasm.evaluation.realism import REALISM_METRICS
+from spasm.evaluation.stats import cohen_dz_interval, holm, mean_ci, paired_test
 
-__all__ = ["comparison_text"]
+__all__ = [
+    "COMPARED_METRICS",
+    "PAIR_KEY",
+    "Comparison",
+    "ConditionMean",
+    "Contrast",
+    "GroupLevel",
+    "compare_conditions",
+    "comparison_text",
+    "load_comparison",
+    "write_comparison",
+]
+
+COMPARISON_SCHEMA_VERSION = 1
+ALPHA = 0.05
+
+#: The per-dialogue columns compared, in reporting order (those a run has).
+COMPARED_METRICS: tuple[str, ...] = (
+    "drift_utterance",
+    "drift_concerns",
+    "drift_emotion",
+    "drift_motivation",
+    "echoing",
+    "echo_score",
+    *REALISM_METRICS,
+)
+#: Dialogues of two conditions are the same "experiment" when these agree.
+PAIR_KEY: tuple[str, ...] = ("pairing", "persona_id", "conversation_index", "seed", "harness_level")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConditionMean(_Model):
+    """One metric's mean over one condition's dialogues (all pairings), with a t 95% CI."""
+
+    metric: str
+    condition: str
+    n: int
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class Contrast(_Model):
+    """One metric, baseline vs one condition, paired; Δ = baseline − condition."""
+
+    metric: str
+    baseline: str
+    condition: str
+    pairing: str = Field(description="a pairing, or 'all'")
+    n_pairs: int
+    mean_baseline: float | None
+    mean_condition: float | None
+    delta: float | None
+    delta_ci_low: float | None
+    delta_ci_high: float | None
+    effect_size: float | None = Field(description="paired Cohen's d_z = mean(diff) / sd(diff)")
+    effect_ci_low: float | None
+    effect_ci_high: float | None
+    p_ttest: float | None
+    p_wilcoxon: float | None
+    p_holm: float | None = Field(description="t-test p, Holm-corrected over this contrast's metrics")
+    significant: bool = Field(description="p_holm < alpha")
+    note: str | None = None
+
+
+class GroupLevel(_Model):
+    """Metrics defined per pairing × condition only (no per-dialogue value to pair)."""
+
+    pairing: str
+    condition: str
+    n: int
+    echo_rate: float | None
+    silhouette: float | None
+    davies_bouldin: float | None
+    intra_mean: float | None
+    acc_at_1: float | None
+    random_at_1: float | None
+
+
+class Comparison(_Model):
+    """``compare.json``: every metric per condition, and each condition against the baseline."""
+
+    schema_version: int = COMPARISON_SCHEMA_VERSION
+    run_dir: str
+    baseline: str | None
+    conditions: list[str]
+    pair_key: list[str]
+    metrics: list[str]
+    alpha: float = ALPHA
+    correction: str = "holm"
+    means: list[ConditionMean]
+    contrasts: list[Contrast]
+    groups: list[GroupLevel]
+    notes: list[str] = Field(default_factory=list)
+
+
+def _finite(x: object) -> float | None:
+    if x is None or isinstance(x, (str, bool)):
+        return None
+    value = float(x)  # type: ignore[arg-type]
+    return value if math.isfinite(value) else None
+
+
+def _ordered(conditions: Sequence[str]) -> list[str]:
+    return sorted(set(conditions), key=lambda c: ({"ecp": 0, "concat": 1}.get(c, 2), c))
+
+
+def _groups(metrics: Metrics | None) -> list[GroupLevel]:
+    if metrics is None:
+        return []
+    sep = {(g.pairing, g.condition): g for g in metrics.separability}
+    out = []
+    for r in metrics.echoing.rates:
+        g = sep.get((r.pairing, r.condition))
+        out.append(
+            GroupLevel(
+                pairing=r.pairing,
+                condition=r.condition,
+                n=r.n,
+                echo_rate=r.rate,
+                silhouette=g.silhouette if g else None,
+                davies_bouldin=g.davies_bouldin if g else None,
+                intra_mean=g.intra_mean if g else None,
+                acc_at_1=g.acc_at_k[0] if g and g.acc_at_k else None,
+                random_at_1=g.random_at_k[0] if g and g.random_at_k else None,
+            )
+        )
+    return out
+
+
+def compare_conditions(
+    per_dialogue: pd.DataFrame,
+    metrics: Metrics | None = None,
+    *,
+    baseline: str | None = None,
+    run_dir: str | Path = "",
+) -> Comparison:
+    """Every metric of ``per_dialogue`` per condition, and paired against ``baseline``.
+
+    Args:
+        per_dialogue: the evaluation's per-dialogue frame (``per_dialogue.parquet``).
+        metrics: the run's :class:`Metrics`, for the group-level rows (echoing rate,
+            separability); optional.
+        baseline: the condition every other one is compared with (default: ``ecp`` if
+            present, else the first condition in order).
+
+    Raises:
+        UserError: ``baseline`` is not a condition of the run.
+    """
+    frame = per_dialogue.copy()
+    conditions = _ordered(frame["condition"].astype(str).tolist()) if "condition" in frame else []
+    if baseline is not None and baseline not in conditions:
+        raise UserError(
+            f"--baseline {baseline!r} is not a condition of this run; it has: "
+            + (", ".join(conditions) or "none")
+            + "."
+        )
+    base = baseline or (conditions[0] if conditions else None)
+    names = [m for m in COMPARED_METRICS if m in frame]
+    for m in names:
+        frame[m] = pd.to_numeric(frame[m].astype(float), errors="coerce")
+    names = [m for m in names if np.isfinite(frame[m].to_numpy(dtype=float)).any()]
+    key = [k for k in PAIR_KEY if k in frame]
+    notes: list[str] = []
+    if "seed" not in frame:
+        notes.append("per_dialogue.parquet has no seed column (an older evaluation): paired without it.")
+
+    means = []
+    for m in names:
+        for cond in conditions:
+            values = frame.loc[frame["condition"] == cond, m].to_numpy(dtype=float)
+            mean, low, high, n = mean_ci(values.tolist())
+            means.append(
+                ConditionMean(
+                    metric=m,
+                    condition=cond,
+                    n=n,
+                    mean=_finite(mean),
+                    ci_low=_finite(low),
+                    ci_high=_finite(high),
+                )
+            )
+
+    contrasts: list[Contrast] = []
+    others = [c for c in conditions if c != base]
+    if base is None or not others:
+        notes.append(
+            "Only one condition (" + (base or "none") + ") in the run: nothing to pair. Generate the "
+            "same personas and seeds under another projection to compare."
+        )
+    pairings = sorted(frame["pairing"].astype(str).unique()) if "pairing" in frame else []
+    scopes = ["all", *pairings] if len(pairings) > 1 else ["all"]
+    cells = frame.groupby([*key, "condition"], dropna=False)[names].mean() if names and key else None
+    for cond in others:
+        for scope in scopes:
+            family: list[Contrast] = []
+            for m in names:
+                a, b = _paired(cells, key, base or "", cond, m, scope)
+                res = paired_test(a, b)
+                n_pairs = int(res["n_pairs"] or 0)
+                dz = _finite(res["cohen_d"])
+                low, high = cohen_dz_interval(dz, n_pairs) if dz is not None else (math.nan, math.nan)
+                family.append(
+                    Contrast(
+                        metric=m,
+                        baseline=base or "",
+                        condition=cond,
+                        pairing=scope,
+                        n_pairs=n_pairs,
+                        mean_baseline=_finite(res["mean_a"]),
+                        mean_condition=_finite(res["mean_b"]),
+                        delta=_finite(res["delta"]),
+                        delta_ci_low=_finite(res["delta_ci_low"]),
+                        delta_ci_high=_finite(res["delta_ci_high"]),
+                        effect_size=dz,
+                        effect_ci_low=_finite(low),
+                        effect_ci_high=_finite(high),
+                        p_ttest=_finite(res["p_ttest"]),
+                        p_wilcoxon=_finite(res["p_wilcoxon"]),
+                        p_holm=None,
+                        significant=False,
+                        note=None if res["note"] is None else str(res["note"]),
+                    )
+                )
+            for c, p in zip(family, holm([c.p_ttest for c in family]), strict=True):
+                c.p_holm = p
+                c.significant = p is not None and p < ALPHA
+            if all(c.n_pairs == 0 for c in family) and scope == "all":
+                notes.append(
+                    f"No {cond} dialogue has a {base} twin with the same {', '.join(key)}: "
+                    f"{base} vs {cond} cannot be paired."
+                )
+            contrasts.extend(family)
+    return Comparison(
+        run_dir=str(run_dir),
+        baseline=base,
+        conditions=conditions,
+        pair_key=key,
+        metrics=names,
+        means=means,
+        contrasts=contrasts,
+        groups=_groups(metrics),
+        notes=notes,
+    )
+
+
+def _paired(
+    cells: pd.DataFrame | None, key: list[str], base: str, cond: str, metric: str, scope: str
+) -> tuple[list[float], list[float]]:
+    """The baseline's and the condition's cell means of ``metric`` on their common keys."""
+    if cells is None:
+        return [], []
+    table = cells[metric].unstack("condition")
+    if base not in table or cond not in table:
+        return [], []
+    if scope != "all":
+        table = table[table.index.get_level_values("pairing") == scope]
+    both = table[[base, cond]].dropna()
+    return both[base].tolist(), both[cond].tolist()
+
+
+def write_comparison(comparison: Comparison, path: str | Path) -> Path:
+    """Write ``compare.json`` atomically."""
+    path = Path(path)
+    atomic_write_text(path, comparison.model_dump_json(indent=2))
+    return path
+
+
+def load_comparison(path: str | Path) -> Comparison:
+    """Read a ``compare.json``."""
+    return Comparison.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -25,9 +316,10 @@ def _ci(rate: float | None, low: float | None, high: float | None) -> str:
     return f"{rate:.0%} [{_num(low, 2)}, {_num(high, 2)}]"
 
 
-def comparison_text(metrics: Metrics) -> str:
+def comparison_text(metrics: Metrics, comparison: Comparison | None = None) -> str:
     """Two tables: ΔDrift (ECP − CONCAT) per dimension and pairing; then per pairing ×
-    condition the echoing rate and persona separability."""
+    condition the echoing rate and persona separability; with ``comparison``, a third:
+    every metric against the baseline, paired, with Holm-corrected p-values."""
     parts = [
         f"Run: {metrics.run_dir}   embedder: {metrics.embedder}   drift mode: "
         f"{metrics.drift.mode}   echoing: {metrics.echoing.method}"
@@ -75,4 +367,31 @@ def comparison_text(metrics: Metrics) -> str:
         )
     parts.append("\nPer pairing × condition — echoing (Wilson 95% CI) and persona separability")
     parts.append(pd.DataFrame(rows).to_string(index=False) if rows else "  (no dialogues)")
+    if comparison is not None:
+        parts.append(_contrast_text(comparison))
     return "\n".join(parts) + "\n"
+
+
+def _contrast_text(comparison: Comparison) -> str:
+    rows = [
+        {
+            "metric": c.metric,
+            "contrast": f"{c.baseline} − {c.condition}",
+            "pairs": c.n_pairs,
+            "Δ": _num(c.delta),
+            "95% CI": f"[{_num(c.delta_ci_low)}, {_num(c.delta_ci_high)}]",
+            "d_z": _num(c.effect_size, 2),
+            "p(t)": _num(c.p_ttest),
+            "p(Holm)": _num(c.p_holm),
+            "": "*" if c.significant else "",
+        }
+        for c in comparison.contrasts
+        if c.pairing == "all"
+    ]
+    head = (
+        f"\nEvery metric, paired on {', '.join(comparison.pair_key)} "
+        f"(Δ = baseline − condition; * = Holm-corrected p < {comparison.alpha:g} across metrics)"
+    )
+    if not rows:
+        return head + "\n  (nothing to pair) " + " ".join(comparison.notes)
+    return head + "\n" + pd.DataFrame(rows).to_string(index=False)

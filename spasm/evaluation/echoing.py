@@ -44,6 +44,7 @@ from spasm.evaluation.loader import Conversation
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "STOPWORDS",
     "EchoVerdict",
     "Side",
     "TurnSignals",
@@ -179,6 +180,9 @@ _STOPWORDS = frozenset(
         "yours",
     ]
 )
+
+#: Function words, shared with the realism diagnostics (front-loading counts content words).
+STOPWORDS = _STOPWORDS
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 

@@ -45,6 +45,8 @@ class Conversation:
     harness_level: str
     speakers: tuple[str, ...]
     texts: tuple[str, ...]
+    #: The dialogue's generation seed (``None`` when the dataset has no seed column).
+    seed: int | None = None
 
     def side(self, speaker: str) -> list[str]:
         """The utterances of one speaker, in order."""
@@ -109,6 +111,8 @@ def load_run(run_dir: str | Path) -> RunData:
     dialogues["conversation_index"] = (
         pd.to_numeric(dialogues["conversation_index"], errors="coerce").fillna(0).astype(int)
     )
+    if "seed" in dialogues.columns:
+        dialogues["seed"] = pd.to_numeric(dialogues["seed"], errors="coerce").astype("Int64")
     dialogues["condition"] = dialogues["condition"].str.lower()
     dialogues = dialogues[dialogues["status"] == "ok"].drop_duplicates("dialogue_id")
     dialogues = dialogues.sort_values(["pairing", "condition", "persona_id", "conversation_index"])
@@ -141,6 +145,7 @@ def load_run(run_dir: str | Path) -> RunData:
                 harness_level=str(row["harness_level"]),
                 speakers=tuple(group["speaker"].tolist()),
                 texts=tuple(group["text"].tolist()),
+                seed=None if pd.isna(row.get("seed")) else int(row["seed"]),
             )
         )
     data.conversations = conversations

@@ -17,11 +17,16 @@ __all__ = [
     "DriftMetrics",
     "DriftPoint",
     "EchoExample",
+    "EchoOnsetCurve",
     "EchoRate",
     "EchoingMetrics",
     "LLMUsage",
     "Metrics",
     "PairedComparison",
+    "RealismMetrics",
+    "RealismReference",
+    "RealismStat",
+    "ReferenceStat",
     "SeparabilityGroup",
 ]
 
@@ -124,6 +129,23 @@ class EchoExample(_Model):
     method: Literal["rule", "judge"]
 
 
+class EchoOnsetCurve(_Model):
+    """When echoing starts: the share of a group's dialogues echoing by utterance t."""
+
+    pairing: str
+    condition: str
+    n: int
+    n_echoing: int
+    share_by_turn: list[float] = Field(
+        description="t = 0, 1, ...: share of the group's dialogues whose echoing began at utterance <= t"
+    )
+    at_risk: list[int] = Field(
+        description="t = 0, 1, ...: dialogues of the group with more than t utterances"
+    )
+    median_onset: float | None = Field(description="median onset utterance of the echoing dialogues")
+    first_onset: int | None = None
+
+
 class EchoingMetrics(_Model):
     """Echoing rates per pairing × condition and how they were decided."""
 
@@ -137,6 +159,7 @@ class EchoingMetrics(_Model):
     kappa_rule_vs_judge: float | None = None
     kappa_human: float | None = None
     human_note: str | None = None
+    onset: list[EchoOnsetCurve] = Field(default_factory=list, description="per pairing × condition")
 
 
 class LLMUsage(_Model):
@@ -173,6 +196,51 @@ class SeparabilityGroup(_Model):
     note: str | None = None
 
 
+class ReferenceStat(_Model):
+    """One realism metric over the reference corpus's dialogues (its z-score basis)."""
+
+    metric: str
+    n: int
+    mean: float | None
+    sd: float | None = Field(description="sample sd (ddof=1)")
+
+
+class RealismReference(_Model):
+    """The corpus the run's realism metrics are standardised against (``--reference``)."""
+
+    run_dir: str
+    dialogues: int
+    stats: list[ReferenceStat]
+
+
+class RealismStat(_Model):
+    """One realism metric over one pairing × condition (or ``all``), and against the reference."""
+
+    metric: str = Field(description="the per_dialogue.parquet column, e.g. mattr_client")
+    pairing: str
+    condition: str
+    n: int = Field(description="dialogues where the metric is defined")
+    mean: float | None
+    sd: float | None
+    ci_low: float | None
+    ci_high: float | None
+    mean_z: float | None = Field(None, description="mean z-score against the reference's dialogues")
+    z_ci_low: float | None = None
+    z_ci_high: float | None = None
+
+
+class RealismMetrics(_Model):
+    """Lexical diversity per side and the Client-side diagnostics (docs/evaluation.md)."""
+
+    mattr_window: int
+    hdd_sample: int
+    metrics: list[str]
+    definitions: dict[str, str]
+    reference: RealismReference | None = None
+    stats: list[RealismStat]
+    notes: list[str] = Field(default_factory=list)
+
+
 class Metrics(_Model):
     """Everything ``spasm eval`` computes for one run directory."""
 
@@ -186,5 +254,6 @@ class Metrics(_Model):
     drift: DriftMetrics
     echoing: EchoingMetrics
     separability: list[SeparabilityGroup]
+    realism: RealismMetrics | None = Field(None, description="lexical diversity and diagnostics")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

@@ -1,7 +1,9 @@
 """``evaluate``: run every metric on a run directory and write metrics.json and the report.
 
 The stages, in order: embed every utterance once; drift (cheap, or the LLM probe); echoing
-(the rule, optionally the LLM judge); persona separability per pairing × condition; the files.
+(the rule, optionally the LLM judge) and its onset; persona separability per pairing ×
+condition; realism (lexical diversity and diagnostics, z-scored against ``reference``); the
+paired comparison of every metric across conditions; the files.
 The probe and the judge go through the engine's caller (:mod:`spasm.evaluation.llm`).
 """
 
@@ -28,6 +30,7 @@ from spasm.config import BackendConfig
 from spasm.dataset.files import atomic_write_table, atomic_write_text
 from spasm.errors import UserError
 from spasm.evaluation.agreement import human_agreement
+from spasm.evaluation.compare import Comparison, compare_conditions, write_comparison
 from spasm.evaluation.drift import (
     DriftSeries,
     cheap_drift,
@@ -55,8 +58,11 @@ from spasm.evaluation.metrics import (
     DriftMetrics,
     EchoingMetrics,
     Metrics,
+    RealismMetrics,
     SeparabilityGroup,
 )
+from spasm.evaluation.onset import onset_curves, onset_turn, turn_scores
+from spasm.evaluation.realism import realism_frame, realism_metrics, reference_from, z_scores
 from spasm.evaluation.report import report_figures, write_report
 from spasm.evaluation.separability import Retrieval, separability_scores
 from spasm.evaluation.summary import (
@@ -73,6 +79,7 @@ __all__ = ["EVAL_DIRNAME", "evaluate", "load_metrics", "load_per_dialogue"]
 EVAL_DIRNAME = "eval"
 METRICS_FILE = "metrics.json"
 PER_DIALOGUE_FILE = "per_dialogue.parquet"
+COMPARE_FILE = "compare.json"
 REPORT_FILE = "report.html"
 CACHE_DIRNAME = "embeddings-cache"
 
@@ -104,6 +111,8 @@ def evaluate(
     llm_max_tokens: int = DEFAULT_MAX_TOKENS,
     retrieval: Retrieval = "card",
     echo_threshold: float = DEFAULT_THRESHOLD,
+    reference: str | Path | None = None,
+    baseline: str | None = None,
     out_dir: str | Path | None = None,
     concurrency: int = 8,
     progress: bool | None = None,
@@ -125,6 +134,10 @@ def evaluate(
         llm_max_tokens: cap on each probe/judge reply.
         retrieval: Acc@K against persona ``"card"`` embeddings or leave-one-out ``"centroid"``.
         echo_threshold: side score at which the rule flags echoing.
+        reference: another run directory or imported dataset (e.g. a human corpus) whose
+            dialogues the realism metrics are z-scored against.
+        baseline: the condition every other one is compared with in ``compare.json``
+            (default ``ecp`` when the run has it).
         out_dir: where to write metrics.json, per_dialogue.parquet, report.html and its figures.json
             (default ``RUN_DIR/eval``). The embedding cache always lives in ``RUN_DIR/eval``.
         concurrency: dialogues whose LLM calls are in flight at once (probe and judge).
@@ -150,20 +163,27 @@ def evaluate(
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     run_dir = Path(run_dir)
+    if reference is not None and not Path(reference).is_dir():
+        raise UserError(f"Reference {reference} is not a directory; give a run or an imported dataset.")
     llm_cm: AbstractContextManager[EvalLLM | None] = nullcontext()
     if mode == "probe" or judge:
         choice = resolve_backend(run_dir, name=llm_backend, config=llm_config)
         data = load_run(run_dir)  # a run without tables fails before the cache is created
+        _check_baseline(data, baseline)
         llm_cm = EvalLLM(run_dir, choice, max_tokens=llm_max_tokens)
     else:
         data = load_run(run_dir)
+        _check_baseline(data, baseline)
     timings["load"] = time.perf_counter() - t_start
     with llm_cm as llm:  # on exit, the LLM calls are appended to the run's call log
         metrics, per_dialogue = _evaluate(
             data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
             retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
-            show=show, timings=timings,
+            show=show, timings=timings, reference=reference,
         )
+    t0 = time.perf_counter()
+    comparison = compare_conditions(per_dialogue, metrics, baseline=baseline, run_dir=data.run_dir)
+    timings["compare"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     metrics.timings = {k: round(v, 3) for k, v in timings.items()}
     if write:
@@ -171,12 +191,23 @@ def evaluate(
         out = Path(out_dir) if out_dir is not None else run_dir / EVAL_DIRNAME
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
         atomic_write_table(out / PER_DIALOGUE_FILE, pa.Table.from_pandas(per_dialogue, preserve_index=False))
-        figures = report_figures(metrics, per_dialogue)
+        write_comparison(comparison, out / COMPARE_FILE)
+        figures = report_figures(metrics, per_dialogue, comparison)
         write_figures(out, figures)  # the same figures as data, for the viewer
-        write_report(metrics, per_dialogue, out / REPORT_FILE, figures)
+        write_report(metrics, per_dialogue, out / REPORT_FILE, figures, comparison)
         metrics.timings["report"] = round(time.perf_counter() - t0, 3)
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
     return metrics
+
+
+def _check_baseline(data: RunData, baseline: str | None) -> None:
+    conditions = sorted({c.condition for c in data.conversations})
+    if baseline is not None and baseline not in conditions:
+        raise UserError(
+            f"--baseline {baseline!r} is not a condition of this run; it has: "
+            + (", ".join(conditions) or "none")
+            + "."
+        )
 
 
 def _evaluate(
@@ -192,6 +223,7 @@ def _evaluate(
     concurrency: int,
     show: bool,
     timings: dict[str, float],
+    reference: str | Path | None = None,
 ) -> tuple[Metrics, pd.DataFrame]:
     """The stages, timed; see :func:`evaluate`."""
     convs = data.conversations
@@ -226,6 +258,10 @@ def _evaluate(
     separability, pca_xy = _separability(data, personas, vectors, embed, retrieval)
     timings["separability"] = time.perf_counter() - t0
 
+    t0 = time.perf_counter()
+    realism, realism_cols = _realism(convs, reference)
+    timings["realism"] = time.perf_counter() - t0
+
     counts = Counts(
         personas=int(data.personas["persona_id"].nunique()),
         dialogues_total=data.n_dialogues_total,
@@ -245,10 +281,11 @@ def _evaluate(
         drift=drift,
         echoing=echoing,
         separability=separability,
+        realism=realism,
         llm=llm.usage() if llm is not None else None,
         timings={},
     )
-    return metrics, _per_dialogue(convs, means, verdicts, pca_xy)
+    return metrics, _per_dialogue(convs, means, verdicts, pca_xy, realism_cols, echo_threshold)
 
 
 def _embed_utterances(convs: list[Conversation], embed: Embed) -> _Vectors:
@@ -357,6 +394,7 @@ def _echoing(
             [verdicts[c.dialogue_id].echoing for c in convs],
         )
     kappa_human, human_note = human_agreement(run_dir, rule, verdicts if llm is not None else None)
+    onsets = {c.dialogue_id: onset_turn(verdicts[c.dialogue_id], threshold) for c in convs}
     metrics = EchoingMetrics(
         method="judge" if llm is not None else "rule",
         threshold=threshold,
@@ -368,8 +406,20 @@ def _echoing(
         kappa_rule_vs_judge=kappa_rule_judge,
         kappa_human=kappa_human,
         human_note=human_note,
+        onset=onset_curves(convs, onsets),
     )
     return metrics, verdicts
+
+
+def _realism(
+    convs: list[Conversation], reference: str | Path | None
+) -> tuple[RealismMetrics, pd.DataFrame]:
+    """Lexical diversity and diagnostics per dialogue, z-scored against ``reference``."""
+    frame = realism_frame(convs)
+    ref = reference_from(reference) if reference is not None else None
+    if ref is not None:
+        frame = frame.join(z_scores(frame, ref.stats))
+    return realism_metrics(frame, convs, ref), frame
 
 
 def _separability(
@@ -431,6 +481,15 @@ def load_per_dialogue(eval_dir: str | Path) -> pd.DataFrame:
     return pd.read_parquet(Path(eval_dir) / PER_DIALOGUE_FILE)
 
 
+def comparison_for(eval_dir: str | Path, metrics: Metrics, *, baseline: str | None = None) -> Comparison:
+    """The paired comparison of an evaluated run, from its per_dialogue.parquet."""
+    path = Path(eval_dir) / PER_DIALOGUE_FILE
+    if not path.is_file():
+        raise UserError(f"No {path}; run `spasm eval {metrics.run_dir}` first.")
+    frame = load_per_dialogue(eval_dir)
+    return compare_conditions(frame, metrics, baseline=baseline, run_dir=metrics.run_dir)
+
+
 def _card_vectors(
     data: RunData,
     personas: Mapping[str, Mapping[str, object]],
@@ -469,7 +528,14 @@ def _per_dialogue(
     means: Mapping[str, Mapping[str, float]],
     verdicts: Mapping[str, EchoVerdict],
     pca_xy: Mapping[str, tuple[float, float]],
+    realism: pd.DataFrame | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
 ) -> pd.DataFrame:
+    realism_rows: dict[str, dict[str, object]] = (
+        {str(k): {str(c): v for c, v in r.items()} for k, r in realism.to_dict("index").items()}
+        if realism is not None
+        else {}
+    )
     rows = []
     for c in convs:
         v = verdicts.get(c.dialogue_id)
@@ -478,6 +544,7 @@ def _per_dialogue(
             "dialogue_id": c.dialogue_id,
             "persona_id": c.persona_id,
             "conversation_index": c.conversation_index,
+            "seed": c.seed,
             "pairing": c.pairing,
             "condition": c.condition,
             "harness_level": c.harness_level,
@@ -497,7 +564,14 @@ def _per_dialogue(
                 "echo_evidence": " | ".join(v.evidence) if v else "",
                 "pca_x": xy[0],
                 "pca_y": xy[1],
+                "echo_onset_turn": onset_turn(v, threshold) if v else None,
+                "echo_turn_scores": turn_scores(v, len(c.texts)) if v else [],
             }
         )
+        row.update(realism_rows.get(c.dialogue_id, {}))
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    for column in ("seed", "echo_onset_turn"):
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    return frame

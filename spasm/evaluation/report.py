@@ -3,7 +3,8 @@
 Figures follow the SPASM paper: drift by client turn per condition (Fig. 2), a 2-D PCA
 map of conversation embeddings coloured by persona (Fig. 3), persona-retrieval Acc@K per
 pairing against the random baseline (Fig. 4) and echoing rates by pairing × condition
-(Table 4, as a bar chart). Everything is embedded, so the file can be mailed or archived.
+(Table 4, as a bar chart); then the echoing onset by utterance, the realism table and a forest
+plot of every metric's paired effect. Everything is embedded, so the file can be mailed or archived.
 :func:`report_figures` returns the figures as data (:class:`~spasm.evaluation.figures.ReportFigure`),
 which the HTML embeds and ``spasm eval`` also writes to ``figures.json`` for the viewer.
 """
@@ -15,6 +16,7 @@ import io
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -29,6 +31,9 @@ from matplotlib.ticker import MaxNLocator
 from spasm.dataset.files import atomic_write_text
 from spasm.evaluation.figures import ReportFigure
 from spasm.evaluation.metrics import Metrics
+
+if TYPE_CHECKING:
+    from spasm.evaluation.compare import Comparison
 
 __all__ = ["render_report", "report_figures", "write_report"]
 
@@ -264,6 +269,69 @@ def figure_echo(metrics: Metrics) -> Figure:
     return fig
 
 
+def figure_onset(metrics: Metrics) -> Figure:
+    """Share of each pairing × condition's dialogues that have started echoing by utterance t."""
+    curves = [c for c in metrics.echoing.onset if c.share_by_turn]
+    if not curves:
+        return _empty("No echoing onset: no conversation was evaluated.")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    extra: list[str] = []
+    pairings = sorted({c.pairing for c in curves})
+    styles = ["-", "--", ":", "-."]
+    for c in curves:
+        ax.step(
+            range(len(c.share_by_turn)),
+            c.share_by_turn,
+            where="post",
+            color=_colour(c.condition, extra),
+            ls=styles[pairings.index(c.pairing) % len(styles)],
+            label=f"{_group_label(c.pairing, c.condition)} ({c.n_echoing}/{c.n})",
+        )
+    ax.set_xlabel("utterance t (0 = the Client's opening)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("share echoing by t")
+    top = max(max(c.share_by_turn) for c in curves)
+    ax.set_ylim(0, max(0.05, min(1.0, top * 1.15)))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Echoing onset ({metrics.echoing.method}): cumulative share of dialogues")
+    fig.tight_layout()
+    return fig
+
+
+def figure_forest(comparison: Comparison | None) -> Figure:
+    """Paired effect sizes (Cohen's d_z, 95% CI) of every metric, one marker per contrast."""
+    rows = [] if comparison is None else [c for c in comparison.contrasts if c.pairing == "all"]
+    rows = [c for c in rows if c.effect_size is not None]
+    if comparison is None or not rows:
+        return _empty("No paired effect to plot: it needs two conditions on the same personas and seeds.")
+    metrics = [m for m in comparison.metrics if any(c.metric == m for c in rows)]
+    conditions = [c for c in comparison.conditions if any(r.condition == c for r in rows)]
+    fig, ax = plt.subplots(figsize=(7.5, 0.38 * len(metrics) * max(1, len(conditions)) + 1.4))
+    extra: list[str] = []
+    step = 0.7 / max(1, len(conditions))
+    for j, cond in enumerate(conditions):
+        colour = _colour(cond, extra)
+        for c in (r for r in rows if r.condition == cond):
+            y = len(metrics) - 1 - metrics.index(c.metric) + (j - (len(conditions) - 1) / 2) * step
+            dz = c.effect_size or 0.0
+            low, high = _or(c.effect_ci_low, dz), _or(c.effect_ci_high, dz)
+            ax.errorbar(
+                dz, y, xerr=[[max(0.0, dz - low)], [max(0.0, high - dz)]], fmt="o", color=colour,
+                mfc=colour if c.significant else "white", capsize=2, ms=5,
+            )
+        ax.plot([], [], "o", color=colour, label=f"{comparison.baseline} − {cond}")
+    ax.axvline(0, color="grey", lw=1)
+    ax.set_yticks(range(len(metrics)))
+    ax.set_yticklabels(list(reversed(metrics)), fontsize=8)
+    ax.set_xlabel("paired Cohen's d_z (baseline − condition), 95% CI; filled: Holm p < 0.05")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title("Every metric, paired by persona and seed (forest plot)")
+    fig.tight_layout()
+    return fig
+
+
 # --------------------------------------------------------------------------- tables
 
 
@@ -322,26 +390,105 @@ _DRIFT_CAPTION = "Drift by Client turn per condition (cf. SPASM Fig. 2). Shaded:
 _MAP_CAPTION = "Conversation embeddings (Client side) in 2-D, coloured by persona (cf. SPASM Fig. 3)."
 _ACC_CAPTION = "Persona retrieval Acc@K per pairing × condition; dashed: random baseline (cf. SPASM Fig. 4)."
 _ECHO_CAPTION = "Share of conversations in which one side mirrored the other (cf. SPASM Table 4)."
+_ONSET_CAPTION = (
+    "Echoing onset: share of the dialogues of each group that have started echoing by utterance t "
+    "(first utterance of the echoing side at or over the threshold of the rule)."
+)
+_FOREST_CAPTION = (
+    "Forest plot: paired effect size (Cohen d_z) of every per-dialogue metric, baseline − condition, "
+    "with 95% intervals; filled markers are significant after Holm correction across the metrics."
+)
 
 
-def report_figures(metrics: Metrics, per_dialogue: pd.DataFrame) -> list[ReportFigure]:
-    """The report's four figures, in the order it shows them: drift, map, acc, echo."""
+def report_figures(
+    metrics: Metrics, per_dialogue: pd.DataFrame, comparison: Comparison | None = None
+) -> list[ReportFigure]:
+    """The report's figures, in the order it shows them: drift, map, acc, echo, onset, forest."""
     return [
         ReportFigure.from_png("drift", _DRIFT_CAPTION, _png(figure_drift(metrics))),
         ReportFigure.from_png("map", _MAP_CAPTION, _png(figure_map(metrics, per_dialogue))),
         ReportFigure.from_png("acc", _ACC_CAPTION, _png(figure_acc(metrics))),
         ReportFigure.from_png("echo", _ECHO_CAPTION, _png(figure_echo(metrics))),
+        ReportFigure.from_png("onset", _ONSET_CAPTION, _png(figure_onset(metrics))),
+        ReportFigure.from_png("forest", _FOREST_CAPTION, _png(figure_forest(comparison))),
     ]
 
 
+def _realism_html(metrics: Metrics) -> str:
+    r = metrics.realism
+    if r is None:
+        return "<p>Not computed (an older metrics.json).</p>"
+    ref = (
+        f"z-scores against <b>{html.escape(r.reference.run_dir)}</b> ({r.reference.dialogues} dialogues)."
+        if r.reference is not None
+        else "No reference corpus: values only (<code>spasm eval RUN --reference OTHER</code> adds z-scores)."
+    )
+    table = _table(
+        ["metric", "pairing", "condition", "dialogues", "mean", "95% CI", "mean z", "z 95% CI"],
+        [
+            [s.metric, s.pairing, s.condition, s.n, s.mean, _ci(s.ci_low, s.ci_high), s.mean_z,
+             _ci(s.z_ci_low, s.z_ci_high)]
+            for s in r.stats
+        ],
+    )
+    defs = "".join(
+        f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in r.definitions.items()
+    )
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in r.notes)
+    return f"<p class='meta'>{ref}</p>{table}<ul class='notes'>{defs}{notes}</ul>"
+
+
+def _onset_html(metrics: Metrics) -> str:
+    return _table(
+        ["pairing", "condition", "conversations", "echoing", "median onset", "first onset"],
+        [
+            [c.pairing, c.condition, c.n, c.n_echoing, c.median_onset, c.first_onset]
+            for c in metrics.echoing.onset
+        ],
+    )
+
+
+def _contrasts_html(comparison: Comparison | None) -> str:
+    if comparison is None:
+        return "<p>No comparison.</p>"
+    rows = [
+        [
+            c.metric, f"{c.baseline} − {c.condition}", c.pairing, c.n_pairs, c.delta,
+            _ci(c.delta_ci_low, c.delta_ci_high), c.effect_size, _ci(c.effect_ci_low, c.effect_ci_high),
+            c.p_ttest, c.p_holm, "yes" if c.significant else "", c.note or "",
+        ]
+        for c in comparison.contrasts
+    ]
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in comparison.notes)
+    table = (
+        _table(
+            ["metric", "contrast", "pairing", "pairs", "Δ", "95% CI", "d_z", "d_z 95% CI", "p (t)",
+             "p (Holm)", "Holm p < 0.05", "note"],
+            rows,
+        )
+        if rows
+        else ""
+    )
+    return (
+        f"<p class='meta'>Paired on {html.escape(', '.join(comparison.pair_key))}; "
+        f"Holm correction across the metrics of each contrast and pairing. Also in compare.json.</p>"
+        f"{table}<ul class='notes'>{notes}</ul>"
+    )
+
+
 def render_report(
-    metrics: Metrics, per_dialogue: pd.DataFrame, figures: Sequence[ReportFigure] | None = None
+    metrics: Metrics,
+    per_dialogue: pd.DataFrame,
+    figures: Sequence[ReportFigure] | None = None,
+    comparison: Comparison | None = None,
 ) -> str:
     """The report as one HTML string (no external resources). ``figures``: those of
-    :func:`report_figures`, when the caller has drawn them already."""
+    :func:`report_figures`, when the caller has drawn them already; ``comparison``: the
+    paired comparison of every metric (:func:`spasm.evaluation.compare.compare_conditions`)."""
     m = metrics
     if figures is None:
-        figures = report_figures(m, per_dialogue)
+        figures = report_figures(m, per_dialogue, comparison)
+    paired_html = _contrasts_html(comparison)
     figs = {f.name: f for f in figures}
 
     def fig(key: str) -> str:
@@ -386,7 +533,7 @@ def render_report(
         ]
         for p in m.drift.comparisons
     ]
-    comparison = (
+    drift_table = (
         _table(
             [
                 "dimension",
@@ -516,7 +663,7 @@ def render_report(
 <h2>Persona drift</h2>
 {fig("drift")}
 <ul class="notes">{refs}</ul>
-<h3>ECP vs CONCAT (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{comparison}
+<h3>ECP vs CONCAT (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{drift_table}
 <h3>By condition</h3>{by_cond}
 {notes_html}
 <h2>Persona separability</h2>
@@ -528,6 +675,14 @@ def render_report(
 {echo}
 {"".join(f"<p class='meta'>{html.escape(a)}</p>" for a in agreement)}
 <h3>Flagged conversations (up to 10)</h3><ul>{examples}</ul>
+<h3>Echoing onset</h3>
+{fig("onset")}
+{_onset_html(m)}
+<h2>Realism: lexical diversity and diagnostics</h2>
+{_realism_html(m)}
+<h2>Every metric, paired</h2>
+{fig("forest")}
+{paired_html}
 </body></html>
 """
 
@@ -537,8 +692,10 @@ def write_report(
     per_dialogue: pd.DataFrame,
     path: str | Path,
     figures: Sequence[ReportFigure] | None = None,
+    comparison: Comparison | None = None,
 ) -> Path:
-    """Render the report and write it atomically to ``path`` (``figures`` as in :func:`render_report`)."""
+    """Render the report and write it atomically to ``path`` (``figures`` and ``comparison``
+    as in :func:`render_report`)."""
     path = Path(path)
-    atomic_write_text(path, render_report(metrics, per_dialogue, figures))
+    atomic_write_text(path, render_report(metrics, per_dialogue, figures, comparison))
     return path

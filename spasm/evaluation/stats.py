@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-__all__ = ["mean_ci", "paired_test", "wilson_interval"]
+__all__ = ["cohen_dz_interval", "holm", "mean_ci", "paired_test", "wilson_interval"]
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -93,3 +93,35 @@ def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float | int
         if np.any(diff != 0):
             out["p_wilcoxon"] = float(stats.wilcoxon(x, y).pvalue)
     return out
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm–Bonferroni adjusted p-values (family-wise error), ``None`` kept in place.
+
+    Sorted ascending, ``p_(i)`` becomes ``max_{j <= i} min(1, (m − j + 1) · p_(j))`` with m
+    the number of p-values present. scipy has no Holm (``scipy.stats.false_discovery_control``
+    is Benjamini–Hochberg/Yekutieli, which controls the false discovery rate instead); Holm
+    controls the family-wise error under any dependence between the tests — the metrics
+    compared here are correlated — and is uniformly more powerful than Bonferroni.
+    """
+    present = [(p, i) for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
+    out: list[float | None] = [None] * len(pvalues)
+    m = len(present)
+    running = 0.0
+    for rank, (p, i) in enumerate(sorted(present)):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def cohen_dz_interval(dz: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Approximate confidence interval of a paired Cohen's d_z from ``n`` pairs.
+
+    Normal approximation with ``se = sqrt(1/n + d_z² / (2n))`` (the large-sample variance of
+    a one-sample standardised mean; Hedges & Olkin 1985). ``(nan, nan)`` when ``n < 2``.
+    """
+    if n < 2 or not math.isfinite(dz):
+        return (math.nan, math.nan)
+    z = float(stats.norm.ppf(0.5 + confidence / 2))
+    se = math.sqrt(1.0 / n + dz * dz / (2.0 * n))
+    return (dz - z * se, dz + z * se)
