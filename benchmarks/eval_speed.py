@@ -3,9 +3,17 @@
 Synthesises 5,000 dialogues of 9 utterances (about 200 personas, ECP and CONCAT paired,
 two pairings) as a run directory in a temporary folder, runs ``spasm.evaluation.evaluate``
 with the local int8 MiniLM embedder (2 onnxruntime threads) and prints wall time, the
-number of texts embedded and sentences per second. A second pass shows the cached cost.
+number of texts embedded and sentences per second, the time of every stage (the realism
+metrics, echoing with its onset and the paired comparison included) and the peak RSS. A second
+pass shows the cached cost.
+
+``--offline-only`` times only what needs no embedding model — lexical diversity (MATTR, Yule's
+K, HD-D) per side, the Client diagnostics, their z-scores against a reference (the run itself),
+the rule's echoing onset and the paired comparison of every metric — so the SPASM corpus size
+(45,000 dialogues) can be measured in minutes:
 
     .venv/bin/python benchmarks/eval_speed.py [--dialogues 5000] [--personas 200] [--keep DIR]
+    .venv/bin/python benchmarks/eval_speed.py --offline-only --dialogues 45000 --personas 1800
 
 Not part of the test suite: it takes minutes.
 """
@@ -16,9 +24,71 @@ import argparse
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._rss import peak_rss_mib  # noqa: E402 - needs ROOT on sys.path
+
+
+def offline_only(run_dir: Path) -> None:
+    """Time the metrics that need no embedder, stage by stage, on ``run_dir``."""
+    import numpy as np
+
+    from spasm.evaluation.compare import compare_conditions
+    from spasm.evaluation.echoing import rule_echoing
+    from spasm.evaluation.loader import load_run
+    from spasm.evaluation.onset import onset_curves, onset_turn
+    from spasm.evaluation.realism import realism_frame, realism_metrics, reference_stats, z_scores
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    data = load_run(run_dir)
+    convs = data.conversations
+    timings["load"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    frame = realism_frame(convs)
+    timings["lexical+diagnostics"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    stats = reference_stats(frame)  # the run as its own reference: same cost as another one
+    frame = frame.join(z_scores(frame, stats))
+    timings["reference z-scores"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    realism_metrics(frame, convs)
+    timings["realism aggregate"] = time.perf_counter() - t0
+
+    # The rule needs an embedding per utterance for its mirror signal; orthogonal stand-ins
+    # cost nothing, so this times the copy/cue signals and the onset alone.
+    t0 = time.perf_counter()
+    eye = np.eye(max(len(c.texts) for c in convs), dtype=np.float32)
+    onsets = {}
+    for c in convs:
+        verdict = rule_echoing(c, eye[: len(c.texts)])
+        onsets[c.dialogue_id] = onset_turn(verdict)
+    onset_curves(convs, onsets)
+    timings["rule echoing+onset"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    per = frame.reset_index()
+    info = {c.dialogue_id: c for c in convs}
+    for column in ("persona_id", "conversation_index", "seed", "pairing", "condition", "harness_level"):
+        per[column] = [getattr(info[d], column) for d in per["dialogue_id"]]
+    comparison = compare_conditions(per)
+    timings["paired comparison"] = time.perf_counter() - t0
+
+    total = sum(timings.values())
+    n = len(convs)
+    print(f"\noffline metrics on {n} dialogues: {total:.1f} s -> {n / total:.0f} dialogues/s; "
+          f"peak RSS {peak_rss_mib():.0f} MiB")
+    print("  stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+    print(f"  contrasts: {len(comparison.contrasts)} over {len(comparison.metrics)} metrics; "
+          f"at this rate 45,000 dialogues take {45000 / (n / total) / 60:.1f} min")
 
 
 def main() -> None:
@@ -28,6 +98,9 @@ def main() -> None:
     parser.add_argument("--utterances", type=int, default=9)
     parser.add_argument("--keep", type=Path, default=None, help="write the run here and keep it")
     parser.add_argument("--no-second-pass", action="store_true")
+    parser.add_argument(
+        "--offline-only", action="store_true", help="only the metrics that need no embedding model"
+    )
     args = parser.parse_args()
 
     from spasm.dataset.synthetic import synthesize_run
@@ -45,6 +118,9 @@ def main() -> None:
             f"{args.personas} personas in {time.perf_counter() - t0:.1f} s -> {run_dir}"
         )
         print(f"cores: {os.cpu_count()}, onnxruntime intra-op threads: 2")
+        if args.offline_only:
+            offline_only(run_dir)
+            return
 
         load_before = os.getloadavg()[0]
         r0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -70,6 +146,7 @@ def main() -> None:
             f"{c.texts_embedded / max(cpu, 1e-9):.0f} sentences per CPU-second"
         )
         print("  stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in m.timings.items()))
+        print(f"  peak RSS {peak_rss_mib():.0f} MiB")
         o = m.echoing.overall
         print(
             f"  echoing rate {o.rate:.1%}; separability groups {len(m.separability)}; "
