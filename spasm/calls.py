@@ -40,6 +40,7 @@ from pydantic import BaseModel, ValidationError
 from spasm.backends.base import Backend, ChatRequest, Completion, Message
 from spasm.backends.structured import extract_json
 from spasm.config import BackendConfig
+from spasm.dataset.columns import dump_params
 from spasm.dataset.rows import CallRow
 from spasm.errors import (
     BackendError,
@@ -265,7 +266,7 @@ class Caller:
             model=backend.model,
             resolved_model=completion.resolved_model if completion else None,
             request_hash=key,
-            params=json.dumps(request.params(), sort_keys=True),
+            params=dump_params(request.params()),
             attempt=attempt,
             prompt_tokens=completion.prompt_tokens if completion else 0,
             completion_tokens=completion.completion_tokens if completion else 0,

@@ -20,7 +20,6 @@ A large plan is estimated from a sample: up to :data:`SAMPLE_PER_GROUP` dialogue
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import pyarrow.compute as pc
 from spasm.backends.scripted import ScriptedBackend
 from spasm.calls import Caller
 from spasm.config import RunConfig
+from spasm.dataset.columns import load_params
 from spasm.errors import RunError
 from spasm.harness.levels import level_label
 from spasm.runner import DialogueSpec, run_dialogue
@@ -130,10 +130,10 @@ class _Call:
 def _as_call(row: Any) -> _Call:
     """A call row (a typed row or a plain mapping) as a :class:`_Call`."""
     get = row.get if isinstance(row, Mapping) else lambda k: getattr(row, k)
-    params = json.loads(get("params") or "{}")
+    params = load_params(get("params"))
     return _Call(get("dialogue_id"), str(get("role")), str(get("backend")),
                  int(get("prompt_tokens") or 0), int(get("completion_tokens") or 0),
-                 bool(params.get("structured")))
+                 bool(params and params.structured))
 
 
 def _price(calls: Iterable[_Call], config: RunConfig, cal: Calibration, weight: float,

@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from spasm.config import parse_config
+from spasm.dataset.columns import Probe, load_probes
 from spasm.engine import Engine
 from spasm.errors import UserError
 from spasm.harness.metrics import DEFINITIONS, MEASUREMENT_ROLES, ONE_OFF_ROLES, adjusted_tokens
-from spasm.harness.probe import PROBE_QUESTION, probe_question, probe_targets, read_probes
+from spasm.harness.probe import PROBE_QUESTION, probe_question, probe_targets
 from spasm.harness.report import level_report
 from spasm.projection import Viewer
 from spasm.testing import TestServer
@@ -200,11 +201,12 @@ def test_probes_name_messages_by_place_and_old_single_probe_rows_still_read() ->
     assert probe_targets(["client"], "responder", [0]) == []
     old = json.dumps({"opening_index": 1, "in_window": False, "facts": ["washing"],
                       "answer": "washing", "recall": 1.0})
-    [p] = read_probes(old, n_utterances=10)
-    assert p["depth"] == 0 and p["index"] == 1 and p["distance"] == 8 and p["recall"] == 1.0
+    [p] = load_probes(old, n_utterances=10)
+    assert p.depth == 0 and p.index == 1 and p.distance == 8 and p.recall == 1.0
     new = [{"depth": 0.5, "index": 4, "recall": 0.5}]
-    assert read_probes(json.dumps({"probes": new})) == read_probes(json.dumps(new)) == new
-    assert read_probes(None) == []
+    assert load_probes(json.dumps({"probes": new})) == load_probes(json.dumps(new)) == [
+        Probe(depth=0.5, index=4, recall=0.5)]
+    assert load_probes(None) == []
 
 
 @pytest.mark.parametrize("depths", [[], [1.0], [-0.1], [0.5, 0.5]])

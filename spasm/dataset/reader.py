@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from spasm.backends.base import Message
 from spasm.dataset.integrity import find_damage
-from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Row, arrow_schema
+from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Persona, Row, arrow_schema, persona_of
 from spasm.errors import UserError
 from spasm.history import History
 from spasm.projection import Viewer, messages_digest, project
@@ -78,7 +78,7 @@ class DialogueView:
     """One dialogue with its persona and turns, and what each agent saw at each turn."""
 
     row: dict[str, Any]
-    persona: dict[str, Any] | None
+    persona: Persona | None
     turns: list[dict[str, Any]]
 
     def seen(self, turn_index: int) -> SeenMessages:
@@ -297,7 +297,7 @@ class Run:
             found = self._dataset("personas").to_table(
                 filter=pc.field("persona_id") == str(row["persona_id"])
             )
-            persona = found.to_pylist()[0] if found.num_rows else None
+            persona = persona_of(found.to_pylist()[0]) if found.num_rows else None
         return DialogueView(row, persona, turns)
 
 

@@ -7,7 +7,11 @@ Parquet files, the writer and the reader cannot drift apart.
 
 The personas and persona-rejections tables carry one column per persona-schema field; their
 models are built from the persona schema with :func:`persona_row_model` /
-:func:`rejection_row_model`.
+:func:`rejection_row_model`. A persona row as code passes it around is a :class:`Persona`.
+
+The columns that hold JSON text with a typed shape (``turns.state``, ``state_log``,
+``checker_verdict``, ``probe``, ``calls.params``) have their models and their one dump/load
+pair in :mod:`spasm.dataset.columns`; :data:`JSON_COLUMNS` says which model each holds.
 
 Schema versions (``SCHEMA_VERSION``; docs/format.md says what changed and how older runs are
 read): 1.0 first release; 1.1 harness columns in ``turns``; 1.2 ``dialogues.harness_fallbacks``
@@ -17,24 +21,30 @@ imports as table directories like generated runs; 1.3 ``calls.cached_tokens``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Required, TypedDict, cast, get_args, get_origin
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, create_model
 
+from spasm.dataset.columns import AgentState, CallParams, CheckerVerdict, Probe, StateLog
+from spasm.errors import FormatError
+
 __all__ = [
+    "JSON_COLUMNS",
     "ROW_MODELS",
     "SCHEMA_VERSION",
     "AnnotationRow",
     "CallRow",
     "DialogueRow",
     "ErrorRow",
+    "Persona",
     "QARow",
     "Row",
     "TurnRow",
     "arrow_schema",
+    "persona_of",
     "persona_row_model",
     "rejection_row_model",
 ]
@@ -141,18 +151,18 @@ class TurnRow(Row):
     latency_s: Annotated[float | None, FLOAT64] = None
     #: Generation calls behind the accepted text (2 after a rewrite).
     attempts: I32 = 1
-    checker_verdict: OptStr = None
+    checker_verdict: OptStr = None  # JSON: CheckerVerdict (columns.py)
     flagged: Flag = False
     messages_sha256: OptStr = None
     flag_reason: OptStr = None  # failed_twice | checker_unavailable
     intent: OptStr = None  # small_talk | venting | advice_seeking | task
-    state: OptStr = None  # JSON: the speaker's state after this turn (level C+)
+    state: OptStr = None  # JSON: AgentState, the speaker's state after this turn (level C+)
     state_clips: I32 = 0  # values the reducer's hard constraints clipped
-    state_log: OptStr = None  # JSON: clips, decays, fallback
+    state_log: OptStr = None  # JSON: StateLog, the clips, decays and fallback
     harness_fallbacks: I32 = 0  # harness calls that fell back this turn
     cached_prompt_tokens: I64 = 0  # prompt tokens a prefix cache serves
     messages: OptStr = None  # JSON: the exact messages seen (level B+)
-    probe: OptStr = None  # JSON: recall probe, on each speaker's last turn
+    probe: OptStr = None  # JSON: {"probes": [Probe]}, on each speaker's last turn
 
 
 class CallRow(Row):
@@ -169,7 +179,7 @@ class CallRow(Row):
     model: Str
     resolved_model: OptStr = None
     request_hash: Str
-    params: Str
+    params: Str  # JSON: CallParams
     attempt: I32
     prompt_tokens: I64 = 0
     completion_tokens: I64 = 0
@@ -268,6 +278,50 @@ PERSONA_TAIL: dict[str, Any] = {
 }
 
 
+class Persona(TypedDict, total=False):
+    """One persona as code passes it: a row of the personas table, a plain ``dict``.
+
+    A TypedDict, not a model, because a persona is a dict at run time everywhere: the persona
+    stage builds it, Arrow and pandas hand it back as a record, templates and the engine read
+    it by key, and its other columns depend on the persona schema. A TypedDict types the
+    columns every persona has without converting or copying a row. Declared here are the fixed
+    columns (:data:`PERSONA_HEAD` and :data:`PERSONA_TAIL`): ``persona_id`` and ``card`` are in
+    every persona (a persona being built has them before it is stored, and the harness and the
+    Client's prompt need them); the others are in every stored row. The schema's own fields
+    (``first_name``, ``concern``, ``emotion``, …) differ from schema to schema, so they are not
+    declared: read them with ``persona.get(name)``. :func:`persona_of` makes one from a record.
+    """
+
+    persona_id: Required[str]
+    card: Required[str]
+    persona_index: int
+    seed: int
+    card_source: str
+    #: JSON: the validation verdicts the persona passed.
+    verdicts: str
+    schema_name: str | None
+    schema_version: str | None
+    #: JSON: the CharacterPolicy compiled from the card, and its version (SPEC §4.1).
+    policy: str | None
+    policy_version: str | None
+    #: JSON: an imported persona's source fields, verbatim.
+    persona_fields: str | None
+
+
+def persona_of(record: Mapping[Any, Any]) -> Persona:
+    """A record (a table row as a mapping: pandas, Arrow or a plain dict) as a :class:`Persona`.
+
+    Keys become strings; a record without a string ``persona_id`` and ``card`` is not a persona
+    and is reported as a :class:`~spasm.errors.FormatError`.
+    """
+    row = {str(k): v for k, v in record.items()}
+    missing = [k for k in ("persona_id", "card") if not isinstance(row.get(k), str)]
+    if missing:
+        raise FormatError(f"a persona needs {' and '.join(missing)} (a string); this one has "
+                          f"{', '.join(sorted(row)) or 'no fields'}")
+    return cast(Persona, row)
+
+
 def _field_types(field_names: Iterable[str], integer_fields: set[str]) -> dict[str, Any]:
     return {
         f: ((Annotated[int | None, INT64], None) if f in integer_fields else (OptStr, None))
@@ -289,6 +343,13 @@ def rejection_row_model(field_names: Iterable[str], integer_fields: set[str]) ->
     model: type[Row] = create_model("PersonaRejectionRow", __base__=_RejectionBase, **fields)
     return model
 
+
+#: The JSON columns with a typed shape: table → column → the model of its JSON text.
+JSON_COLUMNS: dict[str, dict[str, type[BaseModel]]] = {
+    "turns": {"state": AgentState, "state_log": StateLog, "checker_verdict": CheckerVerdict,
+              "probe": Probe},
+    "calls": {"params": CallParams},
+}
 
 #: The fixed tables and their row models (personas tables depend on the persona schema).
 ROW_MODELS: dict[str, type[Row]] = {

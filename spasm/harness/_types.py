@@ -9,20 +9,30 @@ call and the hard limits are enforced in code anyway.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
+
+# The stored state is built from the same bounded types: they are declared with it, in the
+# format layer (turns.state), and the structured replies below reuse them.
+from spasm.dataset.columns import (
+    SCORE_CHOICES,
+    Line,
+    Lines5,
+    Record,
+    Score,
+    first_items,
+    truncate_to,
+)
+
+__all__ = [
+    "SCORE_CHOICES", "Line", "Lines3", "Lines5", "Lines8", "Lines10", "Phrase", "Phrases3",
+    "Record", "Reply", "Score", "Short", "Shorts6",
+]
 
 
 def _require_all(schema: dict[str, Any]) -> None:
     schema["required"] = list(schema.get("properties", {}))
-
-
-class Record(BaseModel):
-    """Base of harness records: unknown keys are ignored (models add chatter), values typed."""
-
-    model_config = ConfigDict(extra="ignore")
 
 
 class Reply(Record):
@@ -36,60 +46,15 @@ class Reply(Record):
     model_config = ConfigDict(extra="ignore", json_schema_extra=_require_all)
 
 
-def _truncate(n: int) -> Callable[[Any], Any]:
-    def cut(value: Any) -> Any:
-        if isinstance(value, str):
-            return value.strip()[:n]
-        return value
-
-    return cut
-
-
-def _clamp(lo: int, hi: int) -> Callable[[Any], Any]:
-    def clamp(value: Any) -> Any:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int | float):
-            return round(min(hi, max(lo, float(value))))
-        return value
-
-    return clamp
-
-
-def _head(n: int) -> Callable[[Any], Any]:
-    def head(value: Any) -> Any:
-        if isinstance(value, list):
-            return value[:n]
-        return value
-
-    return head
-
-
-#: The values a model may write for a score. llama.cpp ignores ``minimum``/``maximum`` when it
-#: builds a grammar, and a small model then writes "fact": 123456789… until max_tokens cuts
-#: the JSON; an enum bounds it. Steps of 5 keep the grammar small; parsing accepts any integer.
-SCORE_CHOICES = list(range(0, 101, 5))
-
-Score = Annotated[
-    int,
-    Field(ge=0, le=100, json_schema_extra={"enum": SCORE_CHOICES}),
-    BeforeValidator(_clamp(0, 100)),
-]
-"""An integer on the 0–100 scale every harness value uses (clamped, never rejected)."""
-
-Short = Annotated[str, Field(max_length=60), BeforeValidator(_truncate(60))]
+Short = Annotated[str, Field(max_length=60), BeforeValidator(truncate_to(60))]
 """A label or a name."""
 
-Phrase = Annotated[str, Field(max_length=80), BeforeValidator(_truncate(80))]
+Phrase = Annotated[str, Field(max_length=80), BeforeValidator(truncate_to(80))]
 """A short phrase: a quote, a violation, a belief."""
 
-Line = Annotated[str, Field(max_length=140), BeforeValidator(_truncate(140))]
-"""One sentence: a fact, a rule, a question, a piece of advice."""
 
-
-Phrases3 = Annotated[list[Phrase], Field(max_length=3), BeforeValidator(_head(3))]
-Lines3 = Annotated[list[Line], Field(max_length=3), BeforeValidator(_head(3))]
-Lines5 = Annotated[list[Line], Field(max_length=5), BeforeValidator(_head(5))]
-Lines8 = Annotated[list[Line], Field(max_length=8), BeforeValidator(_head(8))]
-Lines10 = Annotated[list[Line], Field(max_length=10), BeforeValidator(_head(10))]
-Shorts6 = Annotated[list[Short], Field(max_length=6), BeforeValidator(_head(6))]
+Phrases3 = Annotated[list[Phrase], Field(max_length=3), BeforeValidator(first_items(3))]
+Lines3 = Annotated[list[Line], Field(max_length=3), BeforeValidator(first_items(3))]
+Lines8 = Annotated[list[Line], Field(max_length=8), BeforeValidator(first_items(8))]
+Lines10 = Annotated[list[Line], Field(max_length=10), BeforeValidator(first_items(10))]
+Shorts6 = Annotated[list[Short], Field(max_length=6), BeforeValidator(first_items(6))]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from spasm.dataset.columns import Check
 from spasm.harness._types import Line, Phrases3, Reply, Score
 from spasm.harness.policy import CharacterPolicy
 from spasm.harness.state import AgentState, StateUpdate, compact
@@ -94,18 +95,18 @@ class Verdict:
         """Whether a boundary was breached (code screen, or a failing boundary score)."""
         return bool(self.rule_violations) or not self.dimension_scores.get("boundary", 0) >= 50
 
+    def check(self) -> Check:
+        """The decision as ``turns.checker_verdict`` stores one check."""
+        return Check(
+            passed=self.passed, overall_score=self.overall_score,
+            dimension_scores=self.dimension_scores, violations=self.violations,
+            correction_advice=self.correction_advice, rule_violations=self.rule_violations,
+            boundary_violation=self.boundary_violation, source=self.source,
+        )
+
     def as_dict(self) -> dict[str, Any]:
-        """The verdict as stored (``pass`` is the key the SPEC names)."""
-        return {
-            "pass": self.passed,
-            "overall_score": self.overall_score,
-            "dimension_scores": self.dimension_scores,
-            "violations": self.violations,
-            "correction_advice": self.correction_advice,
-            "rule_violations": self.rule_violations,
-            "boundary_violation": self.boundary_violation,
-            "source": self.source,
-        }
+        """The check as stored (``pass`` is the key the SPEC names)."""
+        return self.check().record()
 
 
 def overall_score(scores: DimensionScores) -> float:

@@ -14,7 +14,6 @@ a checker or audit, no probes without ``harness.recall_probe``) and is ``None`` 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 from collections import Counter
@@ -24,11 +23,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from spasm.dataset.columns import (
+    DIMENSIONS,
+    CheckerVerdict,
+    Probe,
+    load_probes,
+    load_state,
+    load_state_log,
+    load_verdict,
+)
+from spasm.dataset.rows import Persona, persona_of
 from spasm.harness.context import classify_intent, content_words, dialogue_act
 from spasm.harness.levels import LEVELS, layers
 from spasm.harness.policy import CharacterPolicy, baseline_client_policy, parse_stored_policy
-from spasm.harness.probe import read_probes
-from spasm.harness.state import DIMENSIONS, MAX_STEP, AgentState
+from spasm.harness.state import MAX_STEP
 
 __all__ = [
     "DEFINITIONS", "MEASUREMENT_ROLES", "ONE_OFF_ROLES", "RESAMPLES", "adjusted_tokens",
@@ -191,7 +199,7 @@ def decision_consistency(speakers: Sequence[str], texts: Sequence[str]) -> tuple
     return sum(max(c.values()) for c in repeated), sum(sum(c.values()) for c in repeated)
 
 
-def _style_references(persona: dict[str, Any] | None, responder_role: str) -> list[str]:
+def _style_references(persona: Persona | None, responder_role: str) -> list[str]:
     if persona is None:
         return []
     policy: CharacterPolicy | None = parse_stored_policy(persona)
@@ -200,23 +208,23 @@ def _style_references(persona: dict[str, Any] | None, responder_role: str) -> li
     return [*policy.speech_patterns, *policy.style_rules]
 
 
-def _verdicts(raw: Iterable[Any]) -> list[dict[str, Any]]:
-    return [json.loads(v) for v in raw if isinstance(v, str)]
+def _verdicts(raw: Iterable[Any]) -> list[CheckerVerdict]:
+    return [v for cell in raw if (v := load_verdict(cell)) is not None]
 
 
 def _state_metrics(g: pd.DataFrame) -> dict[str, float]:
     states = g[g.state.notna()]
     jumps = clips = clipped = 0
     for raw in states.state_log:
-        log = json.loads(raw) if isinstance(raw, str) else {}
-        found = log.get("clips") or []
+        log = load_state_log(raw)
+        found = log.clips if log is not None else []
         clips += len(found)
         clipped += bool(found)
-        jumps += any(c.get("proposed") is not None
-                     and abs(c["proposed"] - c["previous"]) > MAX_STEP for c in found)
+        jumps += any(c.proposed is not None and abs(c.proposed - c.previous) > MAX_STEP
+                     for c in found)
     pairs = steps = 0
     for _, own in states.groupby("speaker"):
-        parsed = [AgentState.model_validate_json(s) for s in own.state]
+        parsed = [s for raw in own.state if (s := load_state(raw)) is not None]
         for a, b in itertools.pairwise(parsed):
             pairs += 1
             steps += any(abs(a.value(d) - b.value(d)) > MAX_STEP for d in DIMENSIONS)
@@ -227,12 +235,12 @@ def _state_metrics(g: pd.DataFrame) -> dict[str, float]:
             "state_step_violation_rate__num": steps, "state_step_violation_rate__den": pairs}
 
 
-def _probe_metrics(g: pd.DataFrame, n_utterances: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    probes = [p for raw in g.probe for p in read_probes(raw, n_utterances)]
-    scored = [p for p in probes if p.get("recall") is not None]
-    out_of = [p for p in scored if p.get("in_window") is False]
-    return {"recall__num": sum(p["recall"] for p in scored), "recall__den": len(scored),
-            "recall_out_of_window__num": sum(p["recall"] for p in out_of),
+def _probe_metrics(g: pd.DataFrame, n_utterances: int) -> tuple[dict[str, float], list[Probe]]:
+    probes = [p for raw in g.probe for p in load_probes(raw, n_utterances)]
+    scored = [p.recall for p in probes if p.recall is not None]
+    out_of = [p.recall for p in probes if p.recall is not None and p.in_window is False]
+    return {"recall__num": sum(scored), "recall__den": len(scored),
+            "recall_out_of_window__num": sum(out_of),
             "recall_out_of_window__den": len(out_of)}, probes
 
 
@@ -269,7 +277,7 @@ def _cached_price(backend: dict[str, Any] | None, cache_discount: float) -> floa
     return 1.0 if cached is None else float(cached) / float(prices["input_per_1m"])
 
 
-def _harnessed(label: str, verdicts: list[dict[str, Any]]) -> bool:
+def _harnessed(label: str, verdicts: list[CheckerVerdict]) -> bool:
     return any(lv in LEVELS and layers(lv).any for lv in label.split("/")) or bool(verdicts)
 
 
@@ -277,7 +285,7 @@ def _behaviour(g: pd.DataFrame, label: str, references: list[str]) -> dict[str, 
     """The numerators and denominators one dialogue's turns ``g`` give (cost comes apart)."""
     n = float(len(g))
     checked = _verdicts(g.checker_verdict)
-    verdicts = [v for v in checked if v.get("pass") is not None]
+    verdicts = [v for v in checked if v.passed is not None]
     consistent, grouped = decision_consistency(list(g.speaker), list(g.text))
     similar = style_similarity(list(g[g.speaker == "client"].text), references)
     halves = [s for _, own in g.groupby("speaker")
@@ -285,7 +293,7 @@ def _behaviour(g: pd.DataFrame, label: str, references: list[str]) -> dict[str, 
     harnessed = n if _harnessed(label, checked) else 0.0
     fallbacks = g.harness_fallbacks.fillna(0)
     return {
-        "boundary_violation_rate__num": sum(bool(v.get("boundary_violation")) for v in verdicts),
+        "boundary_violation_rate__num": sum(bool(v.boundary_violation) for v in verdicts),
         "boundary_violation_rate__den": len(verdicts),
         "decision_consistency__num": consistent, "decision_consistency__den": grouped,
         "style_similarity__num": similar or 0.0, "style_similarity__den": similar is not None,
@@ -301,14 +309,13 @@ def _behaviour(g: pd.DataFrame, label: str, references: list[str]) -> dict[str, 
 def dialogue_metrics(
     dialogues: pd.DataFrame, turns: pd.DataFrame, calls: pd.DataFrame,
     personas: pd.DataFrame | None, run_config: dict[str, Any] | None, cache_discount: float,
-) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]], str]:
+) -> tuple[pd.DataFrame, dict[str, list[Probe]], str]:
     """One row per dialogue of ``<metric>__num`` / ``__den`` columns, each dialogue's probes
     (for recall by depth) and the source of the cache-adjusted cost (``api`` or ``estimate``)."""
     config = run_config or {}
     role = (config.get("dialogue") or {}).get("responder_role") or "assistant"
-    people: dict[str, dict[str, Any]] = {} if personas is None else {
-        str(p["persona_id"]): {str(k): v for k, v in p.items()}
-        for p in personas.to_dict("records")
+    people: dict[str, Persona] = {} if personas is None else {
+        (persona := persona_of(p))["persona_id"]: persona for p in personas.to_dict("records")
     }
     cost = calls[~calls.role.isin(MEASUREMENT_ROLES | ONE_OFF_ROLES)]
     adjusted, source = adjusted_tokens(cost, turns, config.get("backends") or {}, cache_discount)
@@ -316,7 +323,7 @@ def dialogue_metrics(
     latency = cost.latency_s.groupby(cost.dialogue_id).sum()
     by_dialogue = dict(iter(turns.sort_values(["dialogue_id", "turn_index"]).groupby("dialogue_id")))
     rows: list[dict[str, float]] = []
-    probes: dict[str, list[dict[str, Any]]] = {}
+    probes: dict[str, list[Probe]] = {}
     for d in dialogues.to_dict("records"):
         did = str(d["dialogue_id"])
         g = by_dialogue.get(did, turns.iloc[0:0])
@@ -336,24 +343,25 @@ def dialogue_metrics(
     return frame.astype(float), probes, source
 
 
-def recall_by_depth(dialogue_ids: Sequence[str],
-                    probes: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def recall_by_depth(dialogue_ids: Sequence[str], probes: dict[str, list[Probe]]) -> dict[str, Any]:
     """Recall per probe depth of the dialogues ``dialogue_ids`` (an :func:`estimate` over
     them), with how many probes, how far from the end their messages were on average
     (utterances said after them) and the share still in the agent's verbatim window."""
     mine = {did: probes.get(did, []) for did in dialogue_ids}
-    depths = sorted({float(p.get("depth") or 0.0) for ps in mine.values() for p in ps})
+    depths = sorted({p.depth for ps in mine.values() for p in ps})
     out: dict[str, Any] = {}
     for depth in depths:
-        num, den, at = [], [], []
+        num: list[float] = []
+        den: list[int] = []
+        at: list[Probe] = []
         for here in mine.values():
-            here = [p for p in here if float(p.get("depth") or 0.0) == depth]
-            scored = [p["recall"] for p in here if p.get("recall") is not None]
+            here = [p for p in here if p.depth == depth]
+            scored = [p.recall for p in here if p.recall is not None]
             num.append(sum(scored))
             den.append(len(scored))
             at += here
-        distances = [p["distance"] for p in at if isinstance(p.get("distance"), int)]
-        windows = [p["in_window"] for p in at if isinstance(p.get("in_window"), bool)]
+        distances = [p.distance for p in at if p.distance is not None]
+        windows = [p.in_window for p in at if p.in_window is not None]
         out[f"{depth:g}"] = {
             "recall": estimate(num, den),
             "probes": len(at),

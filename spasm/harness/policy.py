@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -104,8 +104,11 @@ def _you(motivation: str) -> str:
     return f"{_VERB.get(head, head)} {rest}".strip()
 
 
-def baseline_client_policy(persona: dict[str, Any], responder_role: str) -> CharacterPolicy:
-    """The policy every Client gets from its fields, before (or without) an LLM extraction."""
+def baseline_client_policy(persona: Mapping[str, Any], responder_role: str) -> CharacterPolicy:
+    """The policy every Client gets from its fields, before (or without) an LLM extraction.
+
+    ``persona`` is a :class:`~spasm.dataset.rows.Persona` or any mapping of its schema fields
+    (only those are read, each when present)."""
     p = persona
     facts: list[str] = []
     if p.get("first_name"):
@@ -226,7 +229,7 @@ async def _extract(
 async def client_policy(
     caller: Caller,
     backend: str,
-    persona: dict[str, Any],
+    persona: Mapping[str, Any],
     responder_role: str,
     scope: CallScope,
     *,
@@ -250,8 +253,10 @@ async def client_policy(
         return baseline, True, True
 
 
-def parse_stored_policy(persona: dict[str, Any]) -> CharacterPolicy | None:
-    """The policy stored with a persona, if there is one of the current version."""
+def parse_stored_policy(persona: Mapping[str, Any]) -> CharacterPolicy | None:
+    """The policy stored with a persona (its ``policy`` and ``policy_version`` columns: a
+    :class:`~spasm.dataset.rows.Persona` or any mapping), if there is one of the current
+    version."""
     raw = persona.get("policy")
     if not raw or persona.get("policy_version") != POLICY_VERSION:
         return None

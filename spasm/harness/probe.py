@@ -18,28 +18,28 @@ latest)". Both anchors are given because a model counts more reliably from the n
 both can be read off its prompt: at level A the partner's messages are all there in order; from
 level B on only the last ``window`` are, and an older one has to come from the record.
 
-Stored on each speaker's last turn (``turns.probe``) as ``{"probes": [...]}``, one dict per
-probed message: ``depth``, ``index`` (of the utterance), ``partner_message`` (its place among
-the partner's), ``distance`` (utterances said after it), ``in_window`` (still verbatim in the
-agent's prompt), ``facts``, ``answer``, ``recall`` (and ``error`` when the call failed). Runs
-written before depth probes hold a single dict (``opening_index``, ``in_window``, ``facts``,
-``answer``, ``recall``); :func:`read_probes` reads either. The probes are run from outside the
-agent by :func:`spasm.harness.measure.recall_probes`.
+Stored on each speaker's last turn (``turns.probe``) as ``{"probes": [...]}``, one
+:class:`~spasm.dataset.columns.Probe` per probed message: ``depth``, ``index`` (of the
+utterance), ``partner_message`` (its place among the partner's), ``distance`` (utterances said
+after it), ``in_window`` (still verbatim in the agent's prompt), ``facts``, ``answer``,
+``recall`` (and ``error`` when the call failed). Runs written before depth probes hold a single
+dict (``opening_index``, ``in_window``, ``facts``, ``answer``, ``recall``);
+:func:`~spasm.dataset.columns.load_probes` reads either and
+:func:`~spasm.dataset.columns.dump_probes` writes the column. The probes are run from outside
+the agent by :func:`spasm.harness.measure.recall_probes`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from spasm.harness.context import content_words
 
 __all__ = [
     "MAX_FACT_WORDS", "PROBE_QUESTION", "ProbeTarget", "fact_words", "probe_question",
-    "probe_targets", "read_probes", "recall",
+    "probe_targets", "recall",
 ]
 
 MAX_FACT_WORDS = 8
@@ -111,26 +111,3 @@ def recall(facts: list[str], answer: str) -> float | None:
         return None
     said = {_stem(w) for w in content_words(answer)}
     return round(sum(_stem(f) in said for f in facts) / len(facts), 4)
-
-
-def read_probes(raw: object, n_utterances: int | None = None) -> list[dict[str, Any]]:
-    """The probes stored in one ``turns.probe`` value, whichever format wrote them.
-
-    New runs store ``{"probes": [...]}``; a plain list is read too; a run from before depth
-    probes holds one dict about the partner's first message, read as a depth-0 probe (its
-    ``distance`` is filled in from ``n_utterances`` when given). Empty for a missing value.
-    """
-    if not isinstance(raw, str) or not raw:
-        return []
-    data = json.loads(raw)
-    if isinstance(data, dict) and isinstance(data.get("probes"), list):
-        return [p for p in data["probes"] if isinstance(p, dict)]
-    if isinstance(data, list):
-        return [p for p in data if isinstance(p, dict)]
-    if not isinstance(data, dict):
-        return []
-    index = data.get("opening_index")
-    legacy = {"depth": 0.0, "index": index, "partner_message": 1, **data}
-    if n_utterances is not None and isinstance(index, int):
-        legacy.setdefault("distance", n_utterances - 1 - index)
-    return [legacy]

@@ -8,7 +8,7 @@ agent for them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,9 +68,10 @@ class Profile:
 
 
 def profile_of(
-    speaker: Speaker, backend: str, config: RunConfig, persona: dict[str, Any]
+    speaker: Speaker, backend: str, config: RunConfig, persona: Mapping[str, Any]
 ) -> Profile:
-    """The profile of the agent ``speaker`` whose utterances ``backend`` writes."""
+    """The profile of the agent ``speaker`` whose utterances ``backend`` writes (``persona``:
+    a :class:`~spasm.dataset.rows.Persona`; only its ``first_name`` is read, when present)."""
     role = config.dialogue.responder_role
     labels: dict[Speaker, str] = {
         "client": "The client" if speaker == "responder" else "You",
@@ -91,7 +92,7 @@ def profile_of(
 
 
 async def resolve_policy(
-    profile: Profile, persona: dict[str, Any], config: RunConfig, session: DialogueSession
+    profile: Profile, persona: Mapping[str, Any], config: RunConfig, session: DialogueSession
 ) -> tuple[CharacterPolicy, int]:
     """The agent's policy and how many fallbacks resolving it cost this dialogue (0 or 1).
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from spasm.dataset import open_run
+from spasm.dataset.columns import CheckerVerdict, load_probes, load_state, load_verdict
 from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
 from spasm.harness.metrics import (
@@ -42,7 +44,7 @@ from spasm.harness.metrics import (
     recall_by_depth,
     style_consistency,
 )
-from spasm.harness.probe import read_probes
+from spasm.harness.retrieval import dominant_emotion
 
 __all__ = ["MEASUREMENT_ROLES", "ONE_OFF_ROLES", "level_report", "style_consistency"]
 
@@ -61,20 +63,26 @@ def _rate(num: int, den: int) -> float | None:
     return round(num / den, 4) if den else None
 
 
-def _verdicts(turns: pd.DataFrame) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class _Checked:
+    """One turn's verdict with the situation it was given in (for the failure breakdown)."""
+
+    verdict: CheckerVerdict
+    intent: str | None
+    #: The speaker's dominant emotion after the turn (``None``: no state stored).
+    emotion: str | None
+
+
+def _verdicts(turns: pd.DataFrame) -> list[_Checked]:
     out = []
-    for raw, intent, state in zip(turns.checker_verdict, turns.intent, turns.state, strict=True):
-        if not isinstance(raw, str):
+    for raw, intent, raw_state in zip(turns.checker_verdict, turns.intent, turns.state,
+                                      strict=True):
+        verdict = load_verdict(raw)
+        if verdict is None:
             continue
-        v = json.loads(raw)
-        v["_intent"] = intent if isinstance(intent, str) else None
-        if isinstance(state, str):
-            emotions = json.loads(state).get("emotions", {})
-            top = max(emotions, key=emotions.get) if emotions else None
-            v["_emotion"] = top if top and emotions[top] >= 60 else "neutral"
-        else:
-            v["_emotion"] = None
-        out.append(v)
+        state = load_state(raw_state)
+        out.append(_Checked(verdict, intent if isinstance(intent, str) else None,
+                            dominant_emotion(state) if state is not None else None))
     return out
 
 
@@ -91,18 +99,19 @@ def _level_counts(
     cost = c[~c.role.isin(MEASUREMENT_ROLES | ONE_OFF_ROLES)]
     tokens = int(cost.prompt_tokens.sum() + cost.completion_tokens.sum())
     api_cached = int(cost.cached_tokens.fillna(0).sum()) if "cached_tokens" in cost else 0
-    verdicts = _verdicts(t)
-    decided = [v for v in verdicts if v.get("pass") is not None]
-    first_fail = [v for v in verdicts if v.get("mode") == "verify" and v.get("checks")
-                  and not v["checks"][0]["pass"]]
+    checked = _verdicts(t)
+    verdicts = [c.verdict for c in checked]
+    decided = [v for v in verdicts if v.passed is not None]
+    verified = [v for v in verdicts if v.mode == "verify" and v.checks]
+    first_fail = [v for v in verified if v.checks and not v.checks[0].passed]
     state_turns = t[t.state.notna()]
     recalls: dict[str, list[float]] = {"client": [], "responder": []}
     out_of_window: list[bool] = []
     for speaker, raw in zip(t.speaker, t.probe, strict=True):
-        for p in read_probes(raw):
-            if p.get("recall") is not None:
-                recalls[speaker].append(p["recall"])
-                out_of_window.append(p.get("in_window") is False)
+        for p in load_probes(raw):
+            if p.recall is not None:
+                recalls[speaker].append(p.recall)
+                out_of_window.append(p.in_window is False)
     return {
         "level": level,
         "dialogues": len(ids),
@@ -127,13 +136,12 @@ def _level_counts(
         "one_off_policy_tokens": int(
             c[c.role.isin(ONE_OFF_ROLES)][["prompt_tokens", "completion_tokens"]].to_numpy().sum()
         ),
-        "checked_turns": sum(1 for v in verdicts if v.get("pass") is not None or v.get("fallback")),
-        "boundary_violation_rate": _rate(sum(bool(v.get("boundary_violation")) for v in decided),
+        "checked_turns": sum(1 for v in verdicts if v.passed is not None or v.fallback),
+        "boundary_violation_rate": _rate(sum(bool(v.boundary_violation) for v in decided),
                                          len(decided)),
-        "check_fail_rate": _rate(sum(1 for v in decided if not v["pass"]), len(decided)),
-        "first_check_fail_rate": _rate(len(first_fail), sum(
-            1 for v in verdicts if v.get("mode") == "verify" and v.get("checks"))),
-        "rewrite_rate": _rate(sum(1 for v in verdicts if v.get("rewritten")), len(t)),
+        "check_fail_rate": _rate(sum(1 for v in decided if not v.passed), len(decided)),
+        "first_check_fail_rate": _rate(len(first_fail), len(verified)),
+        "rewrite_rate": _rate(sum(1 for v in verdicts if v.rewritten), len(t)),
         "flagged_rate": _rate(int(t.flagged.fillna(False).astype(bool).sum()), len(t)),
         "state_turns": len(state_turns),
         "state_clip_turn_share": _rate(int((state_turns.state_clips > 0).sum()), len(state_turns)),
@@ -143,7 +151,7 @@ def _level_counts(
         "recall_responder": _mean(recalls["responder"]),
         "recall_client": _mean(recalls["client"]),
         "recall_out_of_window_share": _rate(sum(out_of_window), len(out_of_window)),
-        "_verdicts": verdicts,
+        "_verdicts": checked,
     }
 
 
@@ -232,20 +240,20 @@ def _ratio_by_length(dialogues: pd.DataFrame, calls: pd.DataFrame) -> dict[str, 
     return out
 
 
-def _failures(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
+def _failures(checked: list[_Checked]) -> dict[str, Any]:
     violations: Counter[str] = Counter()
     by_intent: dict[str, list[int]] = {}
     by_emotion: dict[str, list[int]] = {}
-    for v in verdicts:
-        if v.get("pass") is None:
+    for c in checked:
+        if c.verdict.passed is None:
             continue
-        failed = int(not v["pass"])
-        for x in v.get("violations") or []:
+        failed = int(not c.verdict.passed)
+        for x in c.verdict.violations or []:
             violations[x.lower()[:80]] += 1
-        if v.get("_intent"):
-            by_intent.setdefault(v["_intent"], []).append(failed)
-        if v.get("_emotion"):
-            by_emotion.setdefault(v["_emotion"], []).append(failed)
+        if c.intent:
+            by_intent.setdefault(c.intent, []).append(failed)
+        if c.emotion:
+            by_emotion.setdefault(c.emotion, []).append(failed)
     return {
         "top_violations": violations.most_common(10),
         "fail_rate_by_intent": {k: round(sum(x) / len(x), 3) for k, x in sorted(by_intent.items())},
@@ -408,7 +416,7 @@ def level_report(run_dir: str | Path, *, cache_discount: float = 0.5) -> dict[st
                                                     cache_discount)
     adjusted = per_dialogue["cache_adjusted_tokens_per_dialogue__num"]
     levels: dict[str, Any] = {}
-    verdicts: list[dict[str, Any]] = []
+    verdicts: list[_Checked] = []
     for level in sorted(set(dialogues.harness_level.astype(str))):
         d = dialogues[dialogues.harness_level.astype(str) == level]
         m = _level_counts(level, d, turns, calls, adjusted)

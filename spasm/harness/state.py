@@ -18,14 +18,31 @@ When the update is missing or malformed the previous state is kept unchanged.
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from spasm.harness._types import Line, Lines5, Phrase, Record, Reply, Score
+# The state, its dimensions and the clip record are stored in turns.state / turns.state_log:
+# they are declared once, with the other JSON columns, in the format layer.
+from spasm.dataset.columns import (
+    DIMENSIONS,
+    EMOTIONS,
+    RELATION,
+    AgentState,
+    Belief,
+    Clip,
+    Dimension,
+    Emotions,
+    Goal,
+    Relation,
+    StateLog,
+    dump_state_log,
+    first_items,
+)
+from spasm.harness._types import Line, Phrase, Reply, Score
 
 if TYPE_CHECKING:
     from spasm.backends.base import Message
@@ -57,120 +74,6 @@ EVIDENCE_STEP = 10
 DECAY = 10
 EXTREME_HIGH, EXTREME_LOW, NEUTRAL = 70, 30, 50
 
-EMOTIONS = ("joy", "sadness", "anger", "fear", "trust", "surprise", "disgust", "anticipation")
-RELATION = ("trust", "intimacy", "dominance", "friendliness")
-DIMENSIONS: tuple[str, ...] = (
-    *(f"emotion.{e}" for e in EMOTIONS),
-    *(f"relation.{r}" for r in RELATION),
-    "goal.progress",
-)
-Dimension = Literal[
-    "emotion.joy", "emotion.sadness", "emotion.anger", "emotion.fear", "emotion.trust",
-    "emotion.surprise", "emotion.disgust", "emotion.anticipation", "relation.trust",
-    "relation.intimacy", "relation.dominance", "relation.friendliness", "goal.progress",
-]
-
-
-class Emotions(Record):
-    """Plutchik's eight basic emotions, 0–100 (50 is the resting level)."""
-
-    joy: Score = 50
-    sadness: Score = 50
-    anger: Score = 50
-    fear: Score = 50
-    trust: Score = 50
-    surprise: Score = 50
-    disgust: Score = 50
-    anticipation: Score = 50
-
-
-class Relation(Record):
-    """How this agent relates to its partner, 0–100."""
-
-    trust: Score = 50
-    intimacy: Score = 40
-    dominance: Score = 50
-    friendliness: Score = 50
-
-
-class Goal(Record):
-    """Something the agent wants from this conversation."""
-
-    description: Line
-    priority: Score = 50
-    progress: Score = 0
-
-
-class Belief(Record):
-    """Something the agent now holds true, with how sure it is."""
-
-    content: Line
-    confidence: Score = 50
-
-
-class Control(Record):
-    """Bookkeeping the harness keeps next to the character's state."""
-
-    drift_detected: bool = False
-    violations: Lines5 = Field(default_factory=list)
-    correction: Line = ""
-    evidence: Lines5 = Field(default_factory=list)
-    confidence: Score = 50
-
-
-def _head3(v: Any) -> Any:
-    return v[:3] if isinstance(v, list) else v
-
-
-def _head5(v: Any) -> Any:
-    return v[:5] if isinstance(v, list) else v
-
-
-def _head4(v: Any) -> Any:
-    return v[:4] if isinstance(v, list) else v
-
-
-Goals = Annotated[list[Goal], Field(max_length=3), BeforeValidator(_head3)]
-Beliefs = Annotated[list[Belief], Field(max_length=5), BeforeValidator(_head5)]
-
-
-class AgentState(Record):
-    """The runtime state of one agent in one dialogue (SPEC §4.2)."""
-
-    goals: Goals = Field(default_factory=list)
-    beliefs: Beliefs = Field(default_factory=list)
-    emotions: Emotions = Emotions()
-    relation: Relation = Relation()
-    strategy: Line = ""
-    control: Control = Control()
-
-    def value(self, dimension: str) -> int:
-        """The value of a numeric dimension such as ``emotion.anger`` or ``goal.progress``."""
-        group, name = dimension.split(".")
-        if group == "emotion":
-            return int(getattr(self.emotions, name))
-        if group == "relation":
-            return int(getattr(self.relation, name))
-        return self.goals[0].progress if self.goals else 0
-
-    def with_values(self, values: dict[str, int]) -> AgentState:
-        """A copy with some numeric dimensions replaced."""
-        emotions = self.emotions.model_copy(
-            update={k.split(".")[1]: v for k, v in values.items() if k.startswith("emotion.")}
-        )
-        relation = self.relation.model_copy(
-            update={k.split(".")[1]: v for k, v in values.items() if k.startswith("relation.")}
-        )
-        goals = list(self.goals)
-        if "goal.progress" in values and goals:
-            goals[0] = goals[0].model_copy(update={"progress": values["goal.progress"]})
-        return self.model_copy(update={"emotions": emotions, "relation": relation, "goals": goals})
-
-    def to_json(self) -> str:
-        """Compact JSON, as stored on each turn."""
-        return json.dumps(self.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":"))
-
-
 # -- the model's incremental update -----------------------------------------------------------
 
 
@@ -183,7 +86,7 @@ class Change(Reply):
 
 
 #: At most four changes a turn, each with a short quote: bounded output for small models.
-Changes = Annotated[list[Change], Field(max_length=4), BeforeValidator(_head4)]
+Changes = Annotated[list[Change], Field(max_length=4), BeforeValidator(first_items(4))]
 
 
 class StateUpdate(Reply):
@@ -199,24 +102,6 @@ class StateUpdate(Reply):
 # -- hard constraints, in code ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Clip:
-    """A value the constraints changed against the model's proposal (or a decay)."""
-
-    dimension: str
-    previous: int
-    proposed: int | None
-    applied: int
-    reason: Literal["step", "evidence", "no_stimulus", "decay"]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The clip as stored in ``turns.state_log``."""
-        return {
-            "dimension": self.dimension, "previous": self.previous, "proposed": self.proposed,
-            "applied": self.applied, "reason": self.reason,
-        }
-
-
 @dataclass
 class Reduction:
     """The next state and what the constraints did to get there."""
@@ -227,15 +112,9 @@ class Reduction:
     fallback: bool = False
 
     def log(self) -> str:
-        """JSON of clips and decays, as stored on the turn."""
-        return json.dumps(
-            {
-                "clips": [c.as_dict() for c in self.clips],
-                "decays": [c.as_dict() for c in self.decays],
-                "fallback": self.fallback,
-            },
-            separators=(",", ":"),
-        )
+        """The clips, decays and fallback, as ``turns.state_log`` stores them."""
+        return dump_state_log(StateLog(clips=self.clips, decays=self.decays,
+                                       fallback=self.fallback))
 
 
 _NON_WORD = re.compile(r"[^\w']+", re.UNICODE)
@@ -368,8 +247,9 @@ _EMOTION_MAP: dict[str, tuple[str, ...]] = {
 _INTENSITY = {"mild": 62, "moderate": 74, "severe": 86}
 
 
-def initial_client_state(persona: dict[str, Any]) -> AgentState:
-    """The Client's state before the first message, from its persona fields."""
+def initial_client_state(persona: Mapping[str, Any]) -> AgentState:
+    """The Client's state before the first message, from its persona fields (a
+    :class:`~spasm.dataset.rows.Persona` or any mapping of them; each is read when present)."""
     level = _INTENSITY.get(str(persona.get("intensity")), 74)
     emotions = {e: level for e in _EMOTION_MAP.get(str(persona.get("emotion")), ())}
     if persona.get("emotion") == "skeptical":

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spasm.agents import Draft
+from spasm.dataset.columns import CheckerVerdict
 from spasm.errors import BackendError
 from spasm.harness.checker import (
     Verdict,
@@ -102,6 +103,8 @@ class Verified:
     draft: Draft
     #: Generation calls behind the accepted text: 1, or 2 after a rewrite.
     attempts: int
+    #: The :class:`~spasm.dataset.columns.CheckerVerdict` as a plain record (the turn carries
+    #: it so; :func:`~spasm.dataset.columns.dump_verdict` stores it).
     verdict: dict[str, Any]
     flagged: bool = False
     flag_reason: str | None = None
@@ -121,12 +124,12 @@ async def verify(draft: Draft, check: Check, redraft: Redraft) -> Verified:
     """Check ``draft``; on failure rewrite it once with the advice and check the rewrite."""
     first = await check(draft.text, 1)
     if first is None:
+        unchecked = CheckerVerdict.of("verify", None, passed=None, checks=[], rewritten=False)
         return Verified(
-            draft, 1, {"mode": "verify", "pass": None, "fallback": True, "checks": [],
-                       "rewritten": False},
+            draft, 1, unchecked.record(),
             flagged=True, flag_reason="checker_unavailable", fallbacks=1,
         )
-    checks = [first.as_dict()]
+    checks = [first.check()]
     final, attempts, fallbacks = first, 1, 0
     update = first.update
     flag_reason: str | None = None
@@ -140,16 +143,13 @@ async def verify(draft: Draft, check: Check, redraft: Redraft) -> Verified:
         if second is None:
             fallbacks, flag_reason = 1, "checker_unavailable"
         else:
-            checks.append(second.as_dict())
+            checks.append(second.check())
             final = second
             if not second.passed:
                 flag_reason = "failed_twice"
-    verdict = {
-        "mode": "verify",
-        **final.as_dict(),
-        "pass": final.passed if len(checks) == attempts else None,
-        "checks": checks,
-        "rewritten": attempts == 2,
-    }
-    return Verified(draft, attempts, verdict, flag_reason is not None, flag_reason, fallbacks,
-                    correction, update)
+    verdict = CheckerVerdict.of(
+        "verify", final.check(), passed=final.passed if len(checks) == attempts else None,
+        checks=checks, rewritten=attempts == 2,
+    )
+    return Verified(draft, attempts, verdict.record(), flag_reason is not None, flag_reason,
+                    fallbacks, correction, update)

@@ -1,22 +1,23 @@
 """Small SVG line charts of the harness state per turn (emotions, relation, goal progress).
 
-Pure functions from the turns' stored ``state`` JSON to chart geometry; the template draws the
-SVG. Only numbers go into the geometry; labels (goal descriptions are model text) are escaped
-by the template like every other text.
+Pure functions from the turns' stored ``state`` (:class:`~spasm.dataset.columns.AgentState`,
+its dimensions declared there) to chart geometry; the template draws the SVG. Only numbers go
+into the geometry; labels (goal descriptions are model text) are escaped by the template like
+every other text. A state cell that does not parse is left out of the charts.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spasm.dataset.columns import EMOTIONS, RELATION, AgentState, load_state
+from spasm.errors import FormatError
+
 __all__ = ["Chart", "Line", "harness_charts"]
 
 WIDTH, HEIGHT, PAD = 340, 130, 22
-EMOTIONS = ("joy", "sadness", "anger", "fear", "trust", "surprise", "disgust", "anticipation")
-RELATION = ("trust", "intimacy", "dominance", "friendliness")
 
 
 @dataclass(frozen=True)
@@ -42,20 +43,11 @@ class Chart:
     pad: int = PAD
 
 
-def _state(raw: Any) -> dict[str, Any] | None:
-    if not isinstance(raw, str) or not raw:
-        return None
+def _state(raw: Any) -> AgentState | None:
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
+        return load_state(raw)
+    except FormatError:
         return None
-    return data if isinstance(data, dict) else None
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return max(0.0, min(100.0, float(value)))
 
 
 def _chart(title: str, xs: Sequence[int], series: Mapping[str, Sequence[float | None]]) -> Chart | None:
@@ -93,14 +85,14 @@ def harness_charts(turns: Sequence[Mapping[str, Any]]) -> dict[str, list[Chart]]
         if not states:
             continue
         xs = [t for t, _ in states]
-        emotions = {e: [_number((s.get("emotions") or {}).get(e)) for _, s in states] for e in EMOTIONS}
-        relation = {r: [_number((s.get("relation") or {}).get(r)) for _, s in states] for r in RELATION}
+        emotions: dict[str, list[float | None]] = {
+            e: [float(getattr(s.emotions, e)) for _, s in states] for e in EMOTIONS}
+        relation: dict[str, list[float | None]] = {
+            r: [float(getattr(s.relation, r)) for _, s in states] for r in RELATION}
         goals: dict[str, list[float | None]] = {}
         for k, (_, s) in enumerate(states):
-            for goal in s.get("goals") or []:
-                if isinstance(goal, dict) and isinstance(goal.get("description"), str):
-                    goals.setdefault(goal["description"], [None] * len(states))[k] = _number(
-                        goal.get("progress"))
+            for goal in s.goals:
+                goals.setdefault(goal.description, [None] * len(states))[k] = float(goal.progress)
         charts = [_chart("Emotions (Plutchik, 0-100)", xs, emotions),
                   _chart("Relation to the partner", xs, relation),
                   _chart("Goal progress", xs, dict(list(goals.items())[:8]))]

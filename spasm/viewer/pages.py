@@ -7,13 +7,14 @@ turn. Nothing here produces markup: text is cut into segments the template escap
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from spasm.dataset import DialogueView
+from spasm.dataset.columns import CheckerVerdict, Clip, load_state_log, load_verdict
+from spasm.errors import FormatError
 
 __all__ = ["Segment", "TurnView", "card_reached_responder", "evidence_quotes", "segments", "turn_views"]
 
@@ -40,18 +41,21 @@ class TurnView:
     n_seen: int
     evidence: bool
     row: dict[str, Any]
-    checker: dict[str, Any] | None = None
-    clips: list[dict[str, Any]] = field(default_factory=list)
-    decays: list[dict[str, Any]] = field(default_factory=list)
+    checker: CheckerVerdict | None = None
+    clips: list[Clip] = field(default_factory=list)
+    decays: list[Clip] = field(default_factory=list)
     reducer_fallback: bool = False
 
 
-def _json(raw: Any) -> Any:
-    if not isinstance(raw, str) or not raw:
-        return None
+T = TypeVar("T")
+
+
+def _cell(load: Callable[[object], T | None], raw: object) -> T | None:
+    """A JSON column's value, or ``None`` when the cell is empty or does not parse: the page
+    still shows the turn, without the harness details it cannot read."""
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        return load(raw)
+    except FormatError:
         return None
 
 
@@ -121,15 +125,13 @@ def turn_views(view: DialogueView, eval_row: Mapping[str, Any] | None) -> list[T
     for i, turn in enumerate(view.turns):
         seen = view.seen(i)
         segs, found = segments(str(turn.get("text") or ""), quotes.get(i, []))
-        log = _json(turn.get("state_log")) or {}
-        checker = _json(turn.get("checker_verdict"))
+        log = _cell(load_state_log, turn.get("state_log"))
         out.append(TurnView(
             index=int(turn["turn_index"]), speaker=speakers[i], segments=segs, verified=seen.verified,
             n_seen=len(seen.messages), evidence=found, row=turn,
-            checker=checker if isinstance(checker, dict) else None,
-            clips=[c for c in log.get("clips") or [] if isinstance(c, dict)],
-            decays=[c for c in log.get("decays") or [] if isinstance(c, dict)],
-            reducer_fallback=bool(log.get("fallback")),
+            checker=_cell(load_verdict, turn.get("checker_verdict")),
+            clips=list(log.clips) if log else [], decays=list(log.decays) if log else [],
+            reducer_fallback=bool(log and log.fallback),
         ))
     return out
 
@@ -137,7 +139,7 @@ def turn_views(view: DialogueView, eval_row: Mapping[str, Any] | None) -> list[T
 def card_reached_responder(view: DialogueView) -> bool | None:
     """Whether the persona card appears in anything the Responder was sent (``None``: no card
     or no Responder turn to check). The page says so next to the card."""
-    card = str((view.persona or {}).get("card") or "").strip()
+    card = (view.persona["card"] if view.persona else "").strip()
     responder = [i for i, t in enumerate(view.turns) if t.get("speaker") == "responder"]
     if not card or not responder:
         return None

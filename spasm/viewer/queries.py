@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 
 from spasm.dataset import DialogueView, Run, open_run
-from spasm.dataset.rows import PERSONA_HEAD, PERSONA_TAIL, ROW_MODELS
+from spasm.dataset.rows import PERSONA_HEAD, PERSONA_TAIL, ROW_MODELS, persona_of
 from spasm.viewer.listing import ListQuery, where_clause
 
 __all__ = ["Facets", "ListPage", "RunIndex"]
@@ -270,7 +270,7 @@ class RunIndex:
         turns = self._select(snap, "turns", "dialogue_id = $id", {"id": dialogue_id},
                              "ORDER BY turn_index")
         personas = self._select(snap, "personas", "persona_id = $pid", {"pid": str(row["persona_id"])})
-        return DialogueView(row, personas[0] if personas else None, turns)
+        return DialogueView(row, persona_of(personas[0]) if personas else None, turns)
 
     def counterparts(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The dialogues of the same persona, conversation index, seed and pairing (every
