@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spasm.agents import NoteColumns
+from spasm.dataset.columns import dump_verdict
 
 if TYPE_CHECKING:
     from spasm.harness.state import AgentState, Reduction
@@ -31,7 +31,7 @@ class HarnessNotes:
         """``turns.checker_verdict``, ``state``, ``state_clips``, ``state_log``, ``intent``
         and ``harness_fallbacks``."""
         return NoteColumns(
-            checker_verdict=json.dumps(self.verdict, ensure_ascii=False) if self.verdict else None,
+            checker_verdict=dump_verdict(self.verdict) if self.verdict else None,
             state=self.state.to_json() if self.state is not None else None,
             state_clips=len(self.reduction.clips) if self.reduction else 0,
             state_log=self.reduction.log() if self.reduction else None,
