@@ -7,6 +7,7 @@ budget cap (resume with a higher cap); 130 interrupted (rerun the same command t
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import errno
 import logging
@@ -347,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         in_main_thread = False
     guard = sys.stdout is sys.__stdout__ and sys.stdout is not None
     if guard:
-        sys.stdout = _ClosedPipeSafe(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = _ClosedPipeSafe(sys.stdout)
     try:
         code: int = args.func(args)
         sys.stdout.flush()
@@ -378,9 +379,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def entrypoint() -> None:
     """Console-script entry point."""
     code = main()
-    # The command is done (``main`` restored the default SIGTERM action, which would report
-    # "killed by SIGTERM", 143): a SIGTERM during the interpreter's shutdown, which can take a
-    # second, ends the process at once with the command's own exit code.
+    # The command is done, but Python's shutdown can take a second, and it restores the default
+    # SIGTERM action early: a SIGTERM then would end a finished command as "killed" (143, after
+    # `spasm merge` printed "merged"). Until the atexit handlers, SIGTERM exits at once with the
+    # command's own code; from them on (the teardown) it is ignored: Python leaves an ignored
+    # signal ignored (a mask would not do: library threads would still take the signal).
     with contextlib.suppress(ValueError):
         signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
+        atexit.register(signal.signal, signal.SIGTERM, signal.SIG_IGN)
     sys.exit(code)

@@ -14,7 +14,9 @@ import pyarrow.compute as pc
 
 from spasm.dataset.integrity import find_damage
 from spasm.dataset.lock import lock_holder
+from spasm.dataset.outputs import is_run, replacement_leftovers
 from spasm.dataset.reader import open_run
+from spasm.errors import UserError
 
 __all__ = ["RunStatus", "run_status"]
 
@@ -34,6 +36,8 @@ class RunStatus:
     writer_pid: int | None
     damaged: list[str]
     schema_version: str
+    #: Earlier versions of the run that an interrupted ``--overwrite`` left aside.
+    replaced: tuple[Path, ...] = ()
 
     @property
     def remaining(self) -> int | None:
@@ -58,6 +62,10 @@ class RunStatus:
             out.append("writer:       none (safe to resume, evaluate or export)")
         if self.damaged:
             out.append(f"DAMAGED:      {'; '.join(self.damaged)} (rerun generate to redo them)")
+        for aside in self.replaced:
+            out.append(f"REPLACED:     an interrupted --overwrite left the previous run at {aside}; "
+                       "rerun the generate command to finish it (the previous run comes back if "
+                       "this one holds no dialogue yet, and is deleted otherwise)")
         return out
 
 
@@ -72,6 +80,18 @@ def _count(run_dir: Path, table: str) -> set[str]:
 def run_status(run_dir: str | Path) -> RunStatus:
     """Read the state of a run directory (never writes to it)."""
     path = Path(run_dir)
+    replaced = tuple(replacement_leftovers(path))
+    if not path.exists() and replaced:
+        raise UserError(
+            f"{path} does not exist, but an interrupted --overwrite left the previous run at "
+            f"{replaced[0]}; rerun the same generate command to restore it (or move it back to "
+            f"{path} yourself)."
+        )
+    if path.is_dir() and not is_run(path):
+        raise UserError(
+            f"{path} is not a spasm run directory (it has no config.json, manifest.json or "
+            ".commits/); pass a directory that `spasm generate`, `merge` or `import` wrote."
+        )
     run = open_run(path, verify=False)
     manifest = run.manifest
     done = _count(path, "dialogues")
@@ -96,4 +116,5 @@ def run_status(run_dir: str | Path) -> RunStatus:
         writer_pid=lock_holder(path),
         damaged=[str(d) for d in find_damage(path)],
         schema_version=run.schema_version,
+        replaced=replaced,
     )

@@ -335,8 +335,13 @@ def test_an_existing_output_or_an_unfinished_run_is_refused(clean: Path, tmp_pat
     assert export(clean, out) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    # --overwrite replaces only an earlier export (issue 22), never the user's files.
+    assert export(clean, out, "--overwrite", "--format", "openai") == 2
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    assert export(clean, out, "--format", "openai") == 0
     assert export(clean, out, "--overwrite", "--format", "openai") == 0
-    assert not (out / "keep.txt").exists() and (out / "openai" / "train.jsonl").exists()
+    assert (out / "openai" / "train.jsonl").exists()
     assert export(clean, clean) == 2
     unfinished = _mixed_run(tmp_path / "unfinished")
     manifest = json.loads((unfinished / "manifest.json").read_text())

@@ -35,6 +35,7 @@ from typing import Any
 
 from spasm.dataset.files import atomic_write_text
 from spasm.dataset.integrity import file_sha256
+from spasm.dataset.outputs import check_output, finish_replacement
 from spasm.dataset.rows import SCHEMA_VERSION, DialogueRow, TurnRow
 from spasm.dataset.store import write_finished_run
 from spasm.errors import UserError
@@ -241,8 +242,8 @@ def import_spasm_jsonl(
 def _check_target(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; name a directory for the run.")
-    if (out / "config.json").exists():
-        raise UserError(f"{out} holds a generated run; import into another directory (--out).")
+    finish_replacement(out)  # an import killed between its two renames left the old one aside
+    check_output(out, "import", overwrite=overwrite)  # never into a run, over one or over files
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"{out} already holds data; choose another --out or pass --force to "
                         "replace an earlier import.")

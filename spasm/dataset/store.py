@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from spasm.dataset.files import atomic_write_json
 from spasm.dataset.integrity import Damage, find_damage, part_record
+from spasm.dataset.outputs import aside_path
 from spasm.dataset.rows import ROW_MODELS, Row, arrow_schema, persona_row_model, rejection_row_model
 from spasm.dataset.streaming import merge_sorted, sort_rows, sorting_columns
 from spasm.errors import FormatError
@@ -317,7 +318,7 @@ def write_finished_run(
     staging directory is removed and ``out`` is as it was."""
     out = Path(out)
     stage = out.parent / f".{out.name}.staging-{uuid.uuid4().hex[:8]}"
-    old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:8]}"
+    old = aside_path(out)
     try:
         store = RunStore(stage)
         store.create()

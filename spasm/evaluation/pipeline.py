@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from spasm.config import BackendConfig
 from spasm.dataset.files import atomic_write_table, atomic_write_text
+from spasm.dataset.outputs import check_output, mark_output
 from spasm.errors import UserError
 from spasm.evaluation.agreement import human_agreement
 from spasm.evaluation.compare import Comparison, compare_conditions, write_comparison
@@ -163,6 +164,9 @@ def evaluate(
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     run_dir = Path(run_dir)
+    out = Path(out_dir) if out_dir is not None else run_dir / EVAL_DIRNAME
+    if write:  # before any work: never into a run's tables, over a run or another's output
+        check_output(out, "eval", overwrite=True)
     if reference is not None and not Path(reference).is_dir():
         raise UserError(f"Reference {reference} is not a directory; give a run or an imported dataset.")
     llm_cm: AbstractContextManager[EvalLLM | None] = nullcontext()
@@ -188,7 +192,7 @@ def evaluate(
     metrics.timings = {k: round(v, 3) for k, v in timings.items()}
     if write:
         t0 = time.perf_counter()
-        out = Path(out_dir) if out_dir is not None else run_dir / EVAL_DIRNAME
+        mark_output(out, "eval")
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
         atomic_write_table(out / PER_DIALOGUE_FILE, pa.Table.from_pandas(per_dialogue, preserve_index=False))
         write_comparison(comparison, out / COMPARE_FILE)

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spasm.dataset import Run, open_run
 from spasm.dataset.files import atomic_write, atomic_write_json, atomic_write_table, atomic_write_text
+from spasm.dataset.outputs import aside_path, check_output, finish_replacement, mark_output
 from spasm.errors import RunError, UserError
 from spasm.export.card import CARD_COLUMNS, CardStats, MaskStats, SplitCount, card_stats
 from spasm.export.card_render import render_card
@@ -155,19 +156,9 @@ class _Built:
     sharegpt_dropped: int = 0
 
 
-def _check_out(run: Run, out: Path, overwrite: bool) -> None:
-    run_dir, target = run.dir.resolve(), out.resolve()
-    if target == run_dir or run_dir.is_relative_to(target):
-        raise UserError(f"--out {out} would replace the run itself; choose a directory outside {run.dir}")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; name a directory to export into")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"--out {out} exists and is not empty; choose another directory or pass --overwrite")
-
-
 def _publish(stage: Path, out: Path) -> None:
     """Move ``stage`` to ``out``; an existing ``out`` is deleted only once the new one is in place."""
-    old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:8]}"
+    old = aside_path(out)
     if out.exists():
         os.replace(out, old)
     try:
@@ -358,7 +349,8 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
     formats = [get_format(f) for f in dict.fromkeys(options.formats)]
     if not formats:
         raise UserError("name at least one --format")
-    _check_out(run, out, options.overwrite)
+    finish_replacement(out)  # an export killed between its two renames left the old one aside
+    check_output(out, "export", overwrite=options.overwrite)
     hub = None
     if options.push_to_hub is not None:
         from spasm.export.hub import HubTarget
@@ -414,6 +406,7 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
         )
         card_text = render_card(stats, configs=hub_configs(formats, names), axolotl=axolotl)
         atomic_write_text(stage / "README.md", card_text)
+        mark_output(stage, "export")  # so a later --overwrite may replace this, and only this
         # Not the scan's time: identical runs give identical exports (it is in the run's qa table).
         atomic_write_json(stage / "card.json", stats.model_dump(mode="json", exclude={"qa": {"found_at"}}))
         shutil.rmtree(stage / ".work", ignore_errors=True)
