@@ -60,6 +60,19 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
         help="decide echoing with an LLM judge (the run's own backend unless told otherwise)",
     )
     p.add_argument(
+        "--consistency",
+        action="store_true",
+        help="judge persona consistency (prompt-to-line, line-to-line) with the LLM judge(s)",
+    )
+    p.add_argument(
+        "--judge-backend",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a judge for every LLM-judged metric: a backend of RUN_DIR/config.json or 'embedded'; "
+        "repeat for an ensemble (agreement and disagreements reported); alone it turns on --judge",
+    )
+    p.add_argument(
         "--llm-backend",
         metavar="NAME",
         default=None,
@@ -183,10 +196,11 @@ def _llm_choice(args: argparse.Namespace) -> tuple[str | None, BackendConfig | N
     from spasm.config import BackendConfig, format_validation_error
 
     endpoint = args.llm_model is not None or args.llm_base_url is not None
-    if not (args.mode == "probe" or args.judge):
+    if not (args.mode == "probe" or args.judge or args.consistency or args.judge_backend):
         if endpoint or args.llm_backend is not None:
             raise UserError(
-                "The --llm-* options choose the LLM of --mode probe and --judge; add one of those."
+                "The --llm-* options choose the LLM of --mode probe, --judge and --consistency; "
+                "add one of those."
             )
         return None, None
     if args.llm_max_tokens < 1:
@@ -251,6 +265,8 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
         embedder_options=options,
         mode=args.mode,
         judge=args.judge,
+        consistency=args.consistency,
+        judges=list(args.judge_backend),
         llm_backend=llm_backend,
         llm_config=llm_config,
         llm_max_tokens=args.llm_max_tokens,
@@ -289,6 +305,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"Probe fallbacks: {d.probe_fallbacks} of {metrics.counts.client_turns} client turns")
         if metrics.judge:
             print(f"Judge fallbacks: {e.judge_fallbacks} of {metrics.counts.dialogues_ok} dialogues")
+        if metrics.consistency is not None:
+            by = {(s.measure, s.pairing): s for s in metrics.consistency.stats}
+            parts = [
+                f"{m.replace('_', '-')} {by[(m, 'all')].mean:.2f}"
+                for m in ("prompt_to_line", "line_to_line")
+                if (m, "all") in by and by[(m, "all")].mean is not None
+            ]
+            print(f"Persona consistency: {', '.join(parts) or 'no score'} "
+                  f"({metrics.consistency.fallbacks} fallbacks)")
+        if metrics.judges is not None:
+            for a in metrics.judges.agreement:
+                kappa = "—" if a.kappa is None else f"{a.kappa:.2f}"
+                print(f"Judges on {a.metric}: Fleiss' kappa {kappa}, {a.n_disagreements} of "
+                      f"{a.n_items} items disagree")
+            for w in metrics.judges.warnings:
+                print(f"Warning: {w}", file=sys.stderr)
     print(f"Wrote {out / 'metrics.json'}")
     print(f"Wrote {out / 'compare.json'}")
     print(f"Wrote {out / 'report.html'}")

@@ -51,6 +51,8 @@ COMPARED_METRICS: tuple[str, ...] = (
     "echoing",
     "echo_score",
     *REALISM_METRICS,
+    "consistency_prompt_to_line",
+    "consistency_line_to_line",
 )
 #: Dialogues of two conditions are the same "experiment" when these agree.
 PAIR_KEY: tuple[str, ...] = ("pairing", "persona_id", "conversation_index", "seed", "harness_level")

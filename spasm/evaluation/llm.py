@@ -208,8 +208,8 @@ class EvalSession:
         return [r for s in self.scopes.values() for r in s.records]
 
     def calls(self, role: str) -> int:
-        """Requests made for ``role``: every attempt, re-ask and cache hit."""
-        return sum(1 for r in self.records if r.role == role)
+        """Requests this backend made for ``role``: every attempt, re-ask and cache hit."""
+        return sum(1 for r in self.records if r.role == role and r.backend == self.backend)
 
 
 def _spasm_error(group: BaseExceptionGroup[BaseException]) -> SpasmError | None:
@@ -226,24 +226,39 @@ def _spasm_error(group: BaseExceptionGroup[BaseException]) -> SpasmError | None:
 
 
 class EvalLLM:
-    """The evaluation's model: one backend and one Caller for every stage, the run's cache and
+    """The evaluation's model(s): one Caller for every stage and judge, the run's cache and
     write lock, the calls made. A context manager; on exit the calls go to the run's log.
 
     The stages run on one event loop, in a thread of its own (an anyio blocking portal), so
-    the backend keeps its connections and what it learnt (e.g. the structured-output mode a
-    server takes) from the probe to the judge, and the calls of a dialogue share one scope.
+    each backend keeps its connections and what it learnt (e.g. the structured-output mode a
+    server takes) from the probe to the judge. With several backends (a judge ensemble) each
+    has its own :class:`EvalSession`; all share the per-dialogue call scopes, so call ids stay
+    unique, and the judges run one after another so the calls of a dialogue never overlap.
     """
 
-    def __init__(self, run_dir: str | Path, backend: EvalBackend, *, max_tokens: int = DEFAULT_MAX_TOKENS):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        backend: EvalBackend | Sequence[EvalBackend],
+        *,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+    ):
         if max_tokens < 1:
             raise UserError("The evaluation LLM's max_tokens must be at least 1.")
+        backends = [backend] if isinstance(backend, EvalBackend) else list(backend)
+        if not backends:
+            raise UserError("The evaluation needs at least one LLM backend.")
+        names = [b.name for b in backends]
+        if len(set(names)) != len(names):
+            raise UserError(f"A judge is named twice ({', '.join(names)}); name each backend once.")
         self.run_dir = Path(run_dir)
-        self.backend = backend
+        self.backends = backends
+        self.backend = backends[0]
         self.max_tokens = max_tokens
         self.log = RunCallLog(self.run_dir)
         try:
             # Built now so that a missing API key fails before any embedding work.
-            self._model = _PreflightOnFirstCall(make_backend(backend.name, backend.config))
+            self._models = {b.name: _PreflightOnFirstCall(make_backend(b.name, b.config)) for b in backends}
             self.cache = Cache(self.run_dir / "cache.sqlite")
         except BaseException:
             self.log.close()
@@ -251,20 +266,27 @@ class EvalLLM:
         self._portal_cm = start_blocking_portal()
         self._portal = self._portal_cm.__enter__()
         # Built on the loop, so the Caller's limits belong to it.
-        self.session: EvalSession = self._portal.call(self._session)
+        self.sessions: dict[str, EvalSession] = self._portal.call(self._sessions)
+        self.session: EvalSession = self.sessions[self.backend.name]
 
-    def _session(self) -> EvalSession:
-        name, cfg = self.backend.name, self.backend.config
-        caller = Caller({name: self._model}, {name: cfg}, cache=self.cache, reask_attempts=REASK_ATTEMPTS)
+    def _sessions(self) -> dict[str, EvalSession]:
+        configs = {b.name: b.config for b in self.backends}
+        caller = Caller(dict(self._models), configs, cache=self.cache, reask_attempts=REASK_ATTEMPTS)
         caller.pass_id = "eval-" + caller.pass_id  # call ids "eval-<time>:<dialogue>#<seq>"
-        return EvalSession(caller, name, cfg.temperatures.judge, self.max_tokens)
+        scopes: dict[str, CallScope] = {}
+        return {
+            name: EvalSession(caller, name, cfg.temperatures.judge, self.max_tokens, scopes=scopes)
+            for name, cfg in configs.items()
+        }
 
-    def run(self, fn: Callable[[EvalSession], Awaitable[R]]) -> R:
-        """Run one stage, ``await fn(session)``, on the evaluation's event loop."""
+    def run(self, fn: Callable[[EvalSession], Awaitable[R]], backend: str | None = None) -> R:
+        """Run one stage, ``await fn(session)``, on the evaluation's event loop, with the
+        session of ``backend`` (default: the first)."""
+        session = self.sessions[backend or self.backend.name]
 
         async def stage() -> R:
             try:
-                return await fn(self.session)
+                return await fn(session)
             except BaseExceptionGroup as group:  # anyio task groups wrap what a task raised
                 error = _spasm_error(group)
                 if error is not None:
@@ -278,9 +300,11 @@ class EvalLLM:
         """The call-log rows so far."""
         return self.session.records
 
-    def usage(self) -> LLMUsage:
-        """Calls, tokens and cost so far (cache hits cost nothing)."""
-        return usage_of(self.records, self.backend)
+    def usage(self, backend: str | None = None) -> LLMUsage:
+        """Calls, tokens and cost so far of ``backend`` (default: the first; cache hits cost
+        nothing)."""
+        chosen = next(b for b in self.backends if b.name == (backend or self.backend.name))
+        return usage_of([r for r in self.records if r.backend == chosen.name], chosen)
 
     def __enter__(self) -> EvalLLM:
         return self
@@ -292,7 +316,8 @@ class EvalLLM:
         append the calls to the run's call log and release the cache and the lock."""
         try:
             try:
-                self._portal.call(self._model.aclose)
+                for model in self._models.values():
+                    self._portal.call(model.aclose)
             finally:
                 self._portal_cm.__exit__(exc_type, exc, tb)
             if self.records:

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "SCHEMA_VERSION",
     "ConditionSummary",
+    "ConsistencyMetrics",
+    "ConsistencyStat",
     "Counts",
     "DriftMetrics",
     "DriftPoint",
@@ -20,6 +22,10 @@ __all__ = [
     "EchoOnsetCurve",
     "EchoRate",
     "EchoingMetrics",
+    "JudgeAgreement",
+    "JudgeDisagreement",
+    "JudgeEnsemble",
+    "JudgeResult",
     "LLMUsage",
     "Metrics",
     "PairedComparison",
@@ -241,6 +247,72 @@ class RealismMetrics(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
+class ConsistencyStat(_Model):
+    """Mean persona consistency (share of consistent Client lines) of one group's dialogues."""
+
+    measure: Literal["prompt_to_line", "line_to_line"]
+    pairing: str
+    condition: str
+    n: int = Field(description="dialogues with a score")
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class ConsistencyMetrics(_Model):
+    """Persona consistency (Abdulhai et al., 2025) judged by the LLM judge(s)."""
+
+    judges: list[str]
+    calls: int = Field(description="call-log rows of the role eval_consistency")
+    fallbacks: int = Field(description="measures whose reply never validated or whose call failed")
+    stats: list[ConsistencyStat]
+    notes: list[str] = Field(default_factory=list)
+
+
+class JudgeResult(_Model):
+    """One judge's result on one LLM-judged metric."""
+
+    judge: str = Field(description="backend name")
+    model: str
+    family: str
+    metric: str = Field(description="echoing, consistency_prompt_to_line or consistency_line_to_line")
+    n: int = Field(description="dialogues it judged (fallbacks excluded)")
+    value: float | None = Field(description="echoing rate, or mean consistency")
+    fallbacks: int = 0
+
+
+class JudgeAgreement(_Model):
+    """Agreement between the judges on one metric, over the items all of them labelled."""
+
+    metric: str
+    statistic: Literal["fleiss"]
+    n_judges: int
+    n_items: int = Field(description="dialogues (echoing) or Client lines (consistency)")
+    kappa: float | None
+    n_disagreements: int
+    agreement: float | None = Field(description="share of items with one label from every judge")
+
+
+class JudgeDisagreement(_Model):
+    """An item the judges labelled differently: a dialogue, or ``<dialogue_id>#<line>``."""
+
+    metric: str
+    item: str
+    labels: dict[str, str]
+
+
+class JudgeEnsemble(_Model):
+    """Several judges on the LLM-judged metrics: each one's result, agreement, disagreements."""
+
+    judges: list[str]
+    families: dict[str, str] = Field(description="judge -> model family")
+    results: list[JudgeResult]
+    agreement: list[JudgeAgreement]
+    disagreements: list[JudgeDisagreement] = Field(description="up to 50 per metric")
+    usage: list[LLMUsage] = Field(default_factory=list, description="per judge")
+    warnings: list[str] = Field(default_factory=list)
+
+
 class Metrics(_Model):
     """Everything ``spasm eval`` computes for one run directory."""
 
@@ -255,5 +327,7 @@ class Metrics(_Model):
     echoing: EchoingMetrics
     separability: list[SeparabilityGroup]
     realism: RealismMetrics | None = Field(None, description="lexical diversity and diagnostics")
+    consistency: ConsistencyMetrics | None = Field(None, description="persona consistency (--consistency)")
+    judges: JudgeEnsemble | None = Field(None, description="per-judge results (--judge-backend)")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

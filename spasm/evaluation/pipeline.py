@@ -15,7 +15,7 @@ import math
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +51,11 @@ from spasm.evaluation.embeddings import (
     l2_normalise,
 )
 from spasm.evaluation.figures import write_figures
-from spasm.evaluation.judge import judge_echoing
-from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalLLM, resolve_backend
+from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
+from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
 from spasm.evaluation.loader import Conversation, RunData, load_run
 from spasm.evaluation.metrics import (
+    ConsistencyMetrics,
     Counts,
     DriftMetrics,
     EchoingMetrics,
@@ -107,6 +108,8 @@ def evaluate(
     embedder_options: Mapping[str, Any] | None = None,
     mode: Literal["cheap", "probe"] = "cheap",
     judge: bool = False,
+    consistency: bool = False,
+    judges: Sequence[str] = (),
     llm_backend: str | None = None,
     llm_config: BackendConfig | None = None,
     llm_max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -128,6 +131,11 @@ def evaluate(
             ``base_url``, ``api_key_env`` for ``"openai"``).
         mode: ``"cheap"`` (utterances as stances) or ``"probe"`` (an LLM states them).
         judge: decide echoing with the LLM judge (falls back to the rule per conversation).
+        consistency: judge persona consistency (prompt-to-line, line-to-line) with the LLM.
+        judges: several judge backends (names of the run's ``config.json`` backends, or
+            ``"embedded"``) for every LLM-judged metric, after the one ``llm_backend`` /
+            ``llm_config`` names; each one's result, their agreement and disagreements go to
+            ``metrics.judges``. Alone it turns on ``judge``.
         llm_backend: for probe mode and the judge, a backend of the run's ``config.json`` by
             name, or ``"embedded"``; default: the run's first pairing's client backend.
         llm_config: an explicit backend instead (e.g. ``BackendConfig(kind="openai", ...)``),
@@ -170,8 +178,10 @@ def evaluate(
     if reference is not None and not Path(reference).is_dir():
         raise UserError(f"Reference {reference} is not a directory; give a run or an imported dataset.")
     llm_cm: AbstractContextManager[EvalLLM | None] = nullcontext()
-    if mode == "probe" or judge:
-        choice = resolve_backend(run_dir, name=llm_backend, config=llm_config)
+    judges = list(judges)
+    judge = judge or (bool(judges) and not consistency)
+    if mode == "probe" or judge or consistency:
+        choice = _llm_backends(run_dir, llm_backend, llm_config, judges)
         data = load_run(run_dir)  # a run without tables fails before the cache is created
         _check_baseline(data, baseline)
         llm_cm = EvalLLM(run_dir, choice, max_tokens=llm_max_tokens)
@@ -183,7 +193,8 @@ def evaluate(
         metrics, per_dialogue = _evaluate(
             data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
             retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
-            show=show, timings=timings, reference=reference,
+            show=show, timings=timings, reference=reference, consistency=consistency,
+            ensemble=bool(judges),
         )
     t0 = time.perf_counter()
     comparison = compare_conditions(per_dialogue, metrics, baseline=baseline, run_dir=data.run_dir)
@@ -202,6 +213,16 @@ def evaluate(
         metrics.timings["report"] = round(time.perf_counter() - t0, 3)
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
     return metrics
+
+
+def _llm_backends(
+    run_dir: Path, name: str | None, config: BackendConfig | None, judges: Sequence[str]
+) -> list[EvalBackend]:
+    """The evaluation's LLM backends: the one the flags name (or the run's own), then ``judges``."""
+    if not judges:
+        return [resolve_backend(run_dir, name=name, config=config)]
+    first = [resolve_backend(run_dir, name=name, config=config)] if name or config else []
+    return first + [resolve_backend(run_dir, name=j) for j in judges]
 
 
 def _check_baseline(data: RunData, baseline: str | None) -> None:
@@ -228,6 +249,8 @@ def _evaluate(
     show: bool,
     timings: dict[str, float],
     reference: str | Path | None = None,
+    consistency: bool = False,
+    ensemble: bool = False,
 ) -> tuple[Metrics, pd.DataFrame]:
     """The stages, timed; see :func:`evaluate`."""
     convs = data.conversations
@@ -254,8 +277,9 @@ def _evaluate(
     timings["drift"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    echoing, verdicts = _echoing(data.run_dir, convs, vectors, echo_threshold, llm if judge else None,
-                                 concurrency, show)
+    echoing, verdicts, echo_by_judge = _echoing(
+        data.run_dir, convs, vectors, echo_threshold, llm if judge else None, concurrency, show
+    )
     timings["echoing"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -265,6 +289,22 @@ def _evaluate(
     t0 = time.perf_counter()
     realism, realism_cols = _realism(convs, reference)
     timings["realism"] = time.perf_counter() - t0
+
+    consistency_metrics: ConsistencyMetrics | None = None
+    consistency_by_judge = None
+    if consistency and llm is not None:
+        t0 = time.perf_counter()
+        cards = {pid: str(p.get("card") or "") for pid, p in personas.items()}
+        consistency_metrics, scores, consistency_by_judge = consistency_stage(
+            llm, convs, cards, concurrency=concurrency, show=show
+        )
+        realism_cols = realism_cols.join(pd.DataFrame.from_dict(scores, orient="index", dtype=float))
+        timings["consistency"] = time.perf_counter() - t0
+    ensemble_metrics = (
+        ensemble_report(llm, echo_by_judge if judge else None, consistency_by_judge)
+        if ensemble and llm is not None
+        else None
+    )
 
     counts = Counts(
         personas=int(data.personas["persona_id"].nunique()),
@@ -286,6 +326,8 @@ def _evaluate(
         echoing=echoing,
         separability=separability,
         realism=realism,
+        consistency=consistency_metrics,
+        judges=ensemble_metrics,
         llm=llm.usage() if llm is not None else None,
         timings={},
     )
@@ -379,8 +421,9 @@ def _echoing(
     llm: EvalLLM | None,
     concurrency: int,
     show: bool,
-) -> tuple[EchoingMetrics, dict[str, EchoVerdict]]:
-    """The rule on every conversation; with ``llm``, the judge's verdicts over it."""
+) -> tuple[EchoingMetrics, dict[str, EchoVerdict], dict[str, dict[str, EchoVerdict]]]:
+    """The rule on every conversation; with ``llm``, the judge's (or the judges' majority)
+    verdicts over it, and each judge's."""
     rule = {
         c.dialogue_id: rule_echoing(c, vectors.utterances[c.dialogue_id], threshold=threshold)
         for c in tqdm(convs, desc="echoing signals", disable=not show, leave=False)
@@ -388,11 +431,11 @@ def _echoing(
     verdicts: dict[str, EchoVerdict] = rule
     judge_calls = judge_fallbacks = 0
     kappa_rule_judge: float | None = None
+    by_judge: dict[str, dict[str, EchoVerdict]] = {}
     if llm is not None:
-        with _bar(len(convs), "judging echoing", show) as bar:
-            verdicts, judge_calls, judge_fallbacks = llm.run(
-                functools.partial(judge_echoing, convs, rule, concurrency=concurrency, on_done=bar.update),
-            )
+        verdicts, by_judge, judge_calls, judge_fallbacks = echo_judges(
+            llm, convs, rule, concurrency=concurrency, show=show
+        )
         kappa_rule_judge = kappa(
             [rule[c.dialogue_id].echoing for c in convs],
             [verdicts[c.dialogue_id].echoing for c in convs],
@@ -412,7 +455,7 @@ def _echoing(
         human_note=human_note,
         onset=onset_curves(convs, onsets),
     )
-    return metrics, verdicts
+    return metrics, verdicts, by_judge
 
 
 def _realism(

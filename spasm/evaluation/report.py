@@ -438,6 +438,57 @@ def _realism_html(metrics: Metrics) -> str:
     return f"<p class='meta'>{ref}</p>{table}<ul class='notes'>{defs}{notes}</ul>"
 
 
+def _judges_html(metrics: Metrics) -> str:
+    """Persona consistency and the judge ensemble, when they ran."""
+    parts = []
+    c = metrics.consistency
+    if c is not None:
+        parts.append("<h2>Persona consistency (LLM-judged)</h2>")
+        parts.append(
+            f"<p class='meta'>Share of consistent Client lines; judges: {html.escape(', '.join(c.judges))}; "
+            f"{c.calls} calls, {c.fallbacks} fallbacks.</p>"
+        )
+        parts.append(
+            _table(
+                ["measure", "pairing", "condition", "dialogues", "mean", "95% CI"],
+                [[s.measure, s.pairing, s.condition, s.n, s.mean, _ci(s.ci_low, s.ci_high)] for s in c.stats],
+            )
+        )
+        parts.append("<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in c.notes) + "</ul>")
+    e = metrics.judges
+    if e is not None:
+        parts.append("<h2>Judges</h2>")
+        parts.extend(f"<p class='meta'><b>Warning:</b> {html.escape(w)}</p>" for w in e.warnings)
+        parts.append(
+            _table(
+                ["judge", "model", "family", "metric", "dialogues", "value", "fallbacks"],
+                [[r.judge, r.model, r.family, r.metric, r.n, r.value, r.fallbacks] for r in e.results],
+            )
+        )
+        parts.append(
+            _table(
+                ["metric", "judges", "items", "Fleiss' κ", "agreement", "disagreements"],
+                [
+                    [a.metric, a.n_judges, a.n_items, a.kappa, a.agreement, a.n_disagreements]
+                    for a in e.agreement
+                ],
+            )
+        )
+        listed = e.disagreements[:20]
+        if listed:
+            parts.append(
+                "<h3>Disagreements (first 20; all in metrics.json, up to 50 per metric)</h3><ul>"
+                + "".join(
+                    f"<li>{html.escape(d.metric)} · {html.escape(d.item)}: "
+                    + html.escape(", ".join(f"{j} {v}" for j, v in d.labels.items()))
+                    + "</li>"
+                    for d in listed
+                )
+                + "</ul>"
+            )
+    return "".join(parts)
+
+
 def _onset_html(metrics: Metrics) -> str:
     return _table(
         ["pairing", "condition", "conversations", "echoing", "median onset", "first onset"],
@@ -680,6 +731,7 @@ def render_report(
 {_onset_html(m)}
 <h2>Realism: lexical diversity and diagnostics</h2>
 {_realism_html(m)}
+{_judges_html(m)}
 <h2>Every metric, paired</h2>
 {fig("forest")}
 {paired_html}

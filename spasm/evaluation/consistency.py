@@ -1,0 +1,169 @@
+"""Persona consistency of the Client, judged by an LLM (Abdulhai et al., 2025).
+
+Abdulhai et al., "Consistently Simulating Human Personas with Multi-Turn Reinforcement
+Learning" (2025), measure a simulated persona's consistency three ways; spasm runs two of
+them on any run, through the engine's caller (cached in the run's ``cache.sqlite``, logged in
+its ``calls`` table under the role ``eval_consistency``):
+
+* **prompt-to-line** — each Client utterance judged against the persona card: 1 when it is
+  consistent with the card, 0 when it contradicts it (the persona's facts, feelings, goals
+  or style);
+* **line-to-line** — each Client utterance from the second on judged against the Client's
+  own earlier utterances: 0 when it contradicts something the Client said before.
+
+A dialogue's score is the mean of its 0/1 labels (1 = fully consistent). One call per
+dialogue and measure returns every line's label at once (the paper asks per line; one call a
+dialogue costs a fraction and keeps the lines in context); the reply must give exactly one
+label per line, or it is re-asked once with the validation error and then counted as a
+fallback (no score for that dialogue).
+
+The third measure, **Q&A** (questions about the persona put to the simulated Client, answers
+checked against the card), needs answers from the Client's model that a run does not hold:
+it is not computed (``metrics.json`` says so).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from spasm.backends.base import Message
+from spasm.evaluation.llm import EvalSession
+from spasm.evaluation.loader import Conversation
+
+__all__ = [
+    "CONSISTENCY_ROLE",
+    "LINE_TO_LINE_RUBRIC",
+    "PROMPT_TO_LINE_RUBRIC",
+    "ConsistencyVerdict",
+    "Measure",
+    "judge_consistency",
+]
+
+CONSISTENCY_ROLE = "eval_consistency"
+Measure = Literal["prompt_to_line", "line_to_line"]
+
+PROMPT_TO_LINE_RUBRIC = """You check a simulated person (the CLIENT) against the persona card \
+it was given. For EACH numbered CLIENT line, decide whether it is consistent with the card: 1 \
+when nothing in it contradicts the card (its facts about the person, their situation, \
+feelings, goals and way of speaking), 0 when it contradicts the card or speaks as someone else \
+(for example as the helper). Saying something the card does not mention is not a \
+contradiction.
+
+Reply with only a JSON object {"labels": [1 or 0, one per CLIENT line, in order]}."""
+
+LINE_TO_LINE_RUBRIC = """You check a simulated person (the CLIENT) against itself. For EACH \
+numbered CLIENT line from line 1 on, decide whether it is consistent with the CLIENT's own \
+earlier lines: 1 when it contradicts nothing the CLIENT said before (facts, feelings, goals), \
+0 when it does. Changing one's mind with a reason, or adding new detail, is not a \
+contradiction. Line 0 has nothing before it and gets no label.
+
+Reply with only a JSON object {"labels": [1 or 0, one per CLIENT line from line 1 on, in order]}."""
+
+
+@dataclass
+class ConsistencyVerdict:
+    """One judge's labels for one dialogue (``None``: that measure fell back)."""
+
+    dialogue_id: str
+    prompt_to_line: list[int] | None
+    line_to_line: list[int] | None
+    #: The measures whose reply never validated or whose call failed.
+    failed: tuple[str, ...] = ()
+
+    def score(self, measure: Measure) -> float | None:
+        """The mean label of ``measure`` (``None`` when it has none)."""
+        labels = getattr(self, measure)
+        return sum(labels) / len(labels) if labels else None
+
+
+class _Labels(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    labels: list[Literal[0, 1]]
+
+
+@functools.lru_cache(maxsize=256)
+def _labels_model(n: int) -> type[_Labels]:
+    """A reply schema holding exactly ``n`` labels, so a wrong count is re-asked."""
+    model: type[_Labels] = create_model(
+        f"ConsistencyLabels{n}",
+        __base__=_Labels,
+        labels=(list[Literal[0, 1]], Field(min_length=n, max_length=n)),
+    )
+    return model
+
+
+def _messages(conv: Conversation, card: str, measure: Measure) -> list[Message]:
+    lines = [t for s, t in zip(conv.speakers, conv.texts, strict=True) if s == "client"]
+    numbered = "\n".join(f"[{i}] CLIENT: {t}" for i, t in enumerate(lines))
+    if measure == "prompt_to_line":
+        return [
+            {"role": "system", "content": PROMPT_TO_LINE_RUBRIC},
+            {"role": "user", "content": f"Persona card:\n{card}\n\nCLIENT lines:\n{numbered}"},
+        ]
+    return [
+        {"role": "system", "content": LINE_TO_LINE_RUBRIC},
+        {"role": "user", "content": f"CLIENT lines:\n{numbered}"},
+    ]
+
+
+def _expected(conv: Conversation, measure: Measure) -> int:
+    n = conv.speakers.count("client")
+    return n if measure == "prompt_to_line" else max(0, n - 1)
+
+
+async def judge_consistency(
+    conversations: Sequence[Conversation],
+    cards: Mapping[str, str],
+    llm: EvalSession,
+    *,
+    concurrency: int = 8,
+    on_done: Callable[[int], None] | None = None,
+) -> tuple[dict[str, ConsistencyVerdict], int]:
+    """Prompt-to-line and line-to-line labels of every dialogue by one judge.
+
+    Dialogues whose persona has no card get no prompt-to-line labels; a measure with no line
+    to judge is skipped without a call.
+
+    Returns:
+        ``(verdicts by dialogue_id, fallbacks)``: fallbacks count measures whose reply never
+        validated or whose call failed.
+    """
+    limiter = anyio.CapacityLimiter(concurrency)
+    out: dict[str, ConsistencyVerdict] = {}
+    fallbacks = 0
+
+    async def one(conv: Conversation) -> None:
+        nonlocal fallbacks
+        labels: dict[str, list[int] | None] = {}
+        failed: list[str] = []
+        for measure in ("prompt_to_line", "line_to_line"):
+            n = _expected(conv, measure)
+            card = cards.get(conv.persona_id, "")
+            if n == 0 or (measure == "prompt_to_line" and not card.strip()):
+                labels[measure] = None
+                continue
+            async with limiter:  # the two calls of a dialogue share its scope: one after the other
+                parsed = await llm.structured(
+                    CONSISTENCY_ROLE, conv.dialogue_id, _messages(conv, card, measure), _labels_model(n)
+                )
+            if parsed is None:
+                fallbacks += 1
+                failed.append(measure)
+            labels[measure] = None if parsed is None else [int(x) for x in parsed.labels]
+        out[conv.dialogue_id] = ConsistencyVerdict(
+            conv.dialogue_id, labels["prompt_to_line"], labels["line_to_line"], tuple(failed)
+        )
+        if on_done is not None:
+            on_done(1)
+
+    async with anyio.create_task_group() as tg:
+        for conv in conversations:
+            tg.start_soon(one, conv)
+    return out, fallbacks
