@@ -11,6 +11,10 @@ Modules, one per concern: :mod:`~spasm.evaluation.embeddings` (models and cache)
 :mod:`~spasm.evaluation.echoing` (the rule), :mod:`~spasm.evaluation.judge` (the LLM judge),
 :mod:`~spasm.evaluation.llm` (how the probe and the judge reach a model: the engine's caller),
 :mod:`~spasm.evaluation.summary` (rates and agreement), :mod:`~spasm.evaluation.separability`,
+:mod:`~spasm.evaluation.lexical` and :mod:`~spasm.evaluation.diagnostics` (realism, gathered by
+:mod:`~spasm.evaluation.realism`), :mod:`~spasm.evaluation.onset` (when echoing starts),
+:mod:`~spasm.evaluation.consistency`, :mod:`~spasm.evaluation.ensemble` and
+:mod:`~spasm.evaluation.judges` (LLM-judged consistency and judge ensembles),
 :mod:`~spasm.evaluation.report` (its figures as data: :mod:`~spasm.evaluation.figures`),
 :mod:`~spasm.dataset.importer`, :mod:`~spasm.evaluation.compare` and :mod:`~spasm.evaluation.cli`.
 
