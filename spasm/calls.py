@@ -4,14 +4,19 @@ Retry policy (the only one: the SDK's retries are off):
 
 * retried: 429 (waiting at least the server's ``Retry-After``), 5xx, 408/409, timeouts,
   dropped connections, malformed response bodies and empty completions;
+* a rate limit (429) is no failure: it is waited out without spending an attempt, for up to
+  :data:`RATE_LIMIT_BUDGET_S` seconds of waiting per call (then each 429 spends one), and the
+  backend's request rate is lowered while 429s keep coming and recovers once they stop
+  (:class:`~spasm.limits.RateLimitBackoff`); its rows in the call log carry the number of the
+  attempt they delayed;
 * not retried: other 4xx (bad request, auth, unknown model) and local errors;
 * a server that rejects the structured-output format ends the run at once
   (:class:`~spasm.errors.StructuredOutputRejectedError`): later structured calls to that backend
   are not even sent;
 * failures are told apart by exception type (each :mod:`spasm.errors` class carries its
   ``outcome`` for the log), never by their message;
-* backoff: full jitter, ``uniform(0, min(30, 0.5 · 2^attempt))`` seconds, at most
-  ``max_attempts`` attempts per call (backend config, default 6);
+* backoff: full jitter, ``uniform(0, min(30, 0.5 · 2^attempt))`` seconds (for 429s: in the
+  number of 429s so far), at most ``max_attempts`` attempts per call (backend config, default 6);
 * an empty completion is re-sampled with the next seed, so a deterministic server can recover.
 
 Every attempt is a row of the run's ``calls`` table; a cache hit is a row too. Only successful
@@ -60,6 +65,9 @@ log = logging.getLogger("spasm")
 
 #: Client errors in a row, from a backend that never answered, after which the run stops.
 REFUSALS_TO_STOP = 3
+
+#: Seconds one call may spend waiting out rate limits (429) before they spend its attempts.
+RATE_LIMIT_BUDGET_S = 300.0
 
 T = TypeVar("T", bound=BaseModel)
 V = TypeVar("V")
@@ -201,6 +209,7 @@ class Caller:
         max_tokens: int | None = None,
         reask_attempts: int = 2,
         sleep_scale: float = 1.0,
+        rate_limit_budget_s: float = RATE_LIMIT_BUDGET_S,
     ) -> None:
         self.backends = backends
         self.configs = configs
@@ -210,8 +219,10 @@ class Caller:
         self.reask_attempts = reask_attempts
         self.sleep_scale = sleep_scale
         self.usage = Usage()
+        self.rate_limit_budget_s = rate_limit_budget_s
         self.limits = {
-            name: BackendLimits(b.max_concurrency, configs[name].rpm, configs[name].tpm)
+            name: BackendLimits(b.max_concurrency, configs[name].rpm, configs[name].tpm,
+                                scale=sleep_scale)
             for name, b in backends.items()
         }
         self._rng = random.Random()
@@ -221,7 +232,7 @@ class Caller:
         self.refusal: EndpointRefusedError | None = None
         self._refused: Counter[str] = Counter()
         self._answered: set[str] = set()
-        self._warned_retry: set[str] = set()
+        self._warned_retry: set[str | tuple[str, str]] = set()
         #: Distinguishes the call ids of passes of a resumed run (a retried dialogue logs again).
         self.pass_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
 
@@ -319,14 +330,17 @@ class Caller:
             count_messages(request.messages) + request.max_tokens if limits.tpm is not None else 0
         )
         attempt_request = request
-        last_exc: BaseException | None = None
-        for attempt in range(1, cfg.max_attempts + 1):
+        attempt = 1  # attempts spent so far: rate limits (429) spend none within the budget
+        limited = 0  # 429s this call has had
+        waited = 0.0  # seconds it has waited them out (before sleep_scale)
+        while True:
             self._check_budget()
             started = datetime.now(UTC)
             t0 = time.perf_counter()
+            step = limits.backoff.step
             try:
                 async with limits.slots:
-                    await limits.admit(estimate)
+                    step = await limits.admit(estimate)
                     completion = await backend.complete(attempt_request)
                 if not completion.text.strip():
                     raise EmptyCompletionError(f"empty completion from {backend_name}")
@@ -341,27 +355,37 @@ class Caller:
                 raise
             except BackendError as exc:
                 latency = time.perf_counter() - t0
-                last_exc = exc
                 self._record(
                     scope, role=role, backend=backend, request=attempt_request, key=key,
                     attempt=attempt, outcome=outcome_of(exc), completion=None, latency=latency,
                     error=str(exc), started=started,
                 )
                 self._note_refusal(backend_name, exc)
+                if isinstance(exc, RateLimitedError):
+                    limits.backoff.rate_limited(step, exc.retry_after)
+                    limited += 1
+                    if waited < self.rate_limit_budget_s:
+                        # Waited out, not an attempt: the server asked us to slow down.
+                        delay = self._rng.uniform(0, min(30.0, 0.5 * 2 ** (limited - 1)))
+                        delay = min(max(delay, exc.retry_after or 0.0),
+                                    self.rate_limit_budget_s - waited)
+                        waited += delay
+                        self._warn_retry(backend_name, exc, cfg)
+                        await anyio.sleep(delay * self.sleep_scale)
+                        continue
                 if not isinstance(exc, TransientBackendError) or attempt == cfg.max_attempts:
                     raise
-                if backend_name not in self._warned_retry:
-                    self._warned_retry.add(backend_name)
-                    log.warning("calls to backend %r are being retried (%s); up to %d attempts "
-                                "per call (max_attempts)", backend_name, exc, cfg.max_attempts)
+                self._warn_retry(backend_name, exc, cfg)
                 delay = self._rng.uniform(0, min(30.0, 0.5 * 2 ** (attempt - 1)))
                 if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
-                    delay = max(delay, exc.retry_after)
+                    delay = max(delay, min(exc.retry_after, self.rate_limit_budget_s))
                 if isinstance(exc, EmptyCompletionError) and attempt_request.seed is not None:
                     attempt_request = replace(attempt_request, seed=attempt_request.seed + 1)
+                attempt += 1
                 await anyio.sleep(delay * self.sleep_scale)
                 continue
             latency = time.perf_counter() - t0
+            limits.backoff.answered()
             self._answered.add(backend_name)
             self._account(role, backend_name, completion)
             row = self._record(
@@ -372,7 +396,19 @@ class Caller:
             if self.cache is not None:
                 self.cache.put(key, completion)
             return completion, row
-        raise AssertionError("unreachable") from last_exc  # pragma: no cover
+
+    def _warn_retry(self, backend_name: str, exc: BackendError, cfg: BackendConfig) -> None:
+        """The one-line warning of a backend's first retry (and of its first rate limit)."""
+        if isinstance(exc, RateLimitedError):
+            if (backend_name, "429") not in self._warned_retry:
+                self._warned_retry.add((backend_name, "429"))
+                log.warning("backend %r is rate limiting (%s); calls wait it out (up to %.0f s "
+                            "each, not counted as attempts) and its request rate is lowered until "
+                            "the 429s stop", backend_name, exc, self.rate_limit_budget_s)
+        elif backend_name not in self._warned_retry:
+            self._warned_retry.add(backend_name)
+            log.warning("calls to backend %r are being retried (%s); up to %d attempts "
+                        "per call (max_attempts)", backend_name, exc, cfg.max_attempts)
 
     def _note_refusal(self, backend_name: str, exc: BackendError) -> None:
         """Count client errors of a backend that has never answered; stop after a few."""

@@ -30,7 +30,6 @@ from spasm.errors import (
     FatalBackendError,
     MalformedResponseError,
     MissingKeyError,
-    RateLimitedError,
     StructuredOutputRejectedError,
     TimeoutBackendError,
     TransientBackendError,
@@ -318,7 +317,7 @@ def one_call(plan: FaultPlan, model: str = "m") -> tuple[BaseException | None, l
     ("plan", "error", "outcome"),
     [
         (FaultPlan(rate_500=1.0), TransientBackendError, "server_error"),
-        (FaultPlan(rate_429=1.0, retry_after_s=0.0), RateLimitedError, "rate_limited"),
+        # 429s spend no attempt: tests/test_hardening_limits.py
         (FaultPlan(rate_drop=1.0), ConnectionBackendError, "connection_error"),
         (FaultPlan(rate_hang=1.0, hang_s=5.0), TimeoutBackendError, "timeout"),
         (FaultPlan(rate_malformed=1.0), MalformedResponseError, "malformed"),

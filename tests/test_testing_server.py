@@ -306,6 +306,7 @@ def test_stats_count_each_outcome() -> None:
         "malformed": 1,
         "empty": 1,
         "bad_request": 0,
+        "trickle": 0,
     }
 
 

@@ -39,6 +39,7 @@ from spasm.errors import (
     TransientBackendError,
     UserError,
 )
+from spasm.redact import redact_url
 
 __all__ = ["OpenAIBackend", "resolve_api_key"]
 
@@ -81,8 +82,8 @@ def classify(exc: openai.OpenAIError, backend: str, timeout_s: float) -> Backend
     if isinstance(exc, openai.APITimeoutError):  # before APIConnectionError: it subclasses it
         return TimeoutBackendError(f"timeout after {timeout_s}s from {backend}")
     if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__ or exc
-        return ConnectionBackendError(f"connection error to {backend}: {cause}", detail=str(cause))
+        cause = redact_url(str(exc.__cause__ or exc))
+        return ConnectionBackendError(f"connection error to {backend}: {cause}", detail=cause)
     if isinstance(exc, openai.APIResponseValidationError):
         return MalformedResponseError(f"malformed response body from {backend}: {exc.message}")
     if isinstance(exc, openai.APIStatusError):
@@ -106,8 +107,8 @@ def _completion(resp: Any, backend: str, model: str, latency: float) -> Completi
         choice = resp.choices[0]
         content = choice.message.content
         usage = resp.usage
-        prompt_tokens = int(usage.prompt_tokens) if usage else 0
-        completion_tokens = int(usage.completion_tokens) if usage else 0
+        prompt_tokens = _token_count(usage.prompt_tokens, "prompt", backend) if usage else 0
+        completion_tokens = _token_count(usage.completion_tokens, "completion", backend) if usage else 0
         cached_tokens = _cached_tokens(usage)
     except (AttributeError, IndexError, TypeError, ValueError) as exc:
         # The SDK builds its models without validation: a body missing fields arrives as is.
@@ -125,6 +126,27 @@ def _completion(resp: Any, backend: str, model: str, latency: float) -> Completi
         latency_s=latency,
         cached_tokens=cached_tokens,
     )
+
+
+#: No call reports more tokens than this (the longest contexts are ~10^7); a larger or negative
+#: figure is a broken server, not a bill, and would overflow the token columns.
+MAX_REPORTED_TOKENS = 100_000_000
+
+
+def _token_count(value: Any, what: str, backend: str) -> int:
+    """A usage figure, checked: an integer in [0, :data:`MAX_REPORTED_TOKENS`]."""
+    if value is None:
+        return 0
+    try:
+        count = int(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError, OverflowError):  # a dict, "many", NaN, infinity
+        count = None
+    if count is None or not 0 <= count <= MAX_REPORTED_TOKENS:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
+        raise MalformedResponseError(
+            f"malformed response body from {backend} (usage.{what}_tokens = {shown}: not a token "
+            f"count in 0..{MAX_REPORTED_TOKENS:,})")
+    return count
 
 
 def _cached_tokens(usage: Any) -> int:
@@ -181,6 +203,11 @@ class OpenAIBackend(Backend):
         return f"openai:{self.cfg.base_url}:{self.model}"
 
     @property
+    def url(self) -> str:
+        """The ``base_url`` for messages: without its credentials (:func:`~spasm.redact.redact_url`)."""
+        return redact_url(self.cfg.base_url or "")
+
+    @property
     def structured_mode(self) -> str | None:
         if self.cfg.structured_output == "auto" and not self._confirmed:
             return None
@@ -205,7 +232,7 @@ class OpenAIBackend(Backend):
             raise UserError(self._key_message()) from None
         except openai.APIConnectionError as exc:
             raise UserError(
-                f"Backend {self.name!r}: cannot connect to {self.cfg.base_url} "
+                f"Backend {self.name!r}: cannot connect to {self.url} "
                 f"({exc.__cause__ or exc}). Is the server running and the URL right?"
             ) from None
         except Exception:  # /models is optional (absent, an HTML page, odd JSON):
@@ -217,13 +244,13 @@ class OpenAIBackend(Backend):
             f"the key in ${self.cfg.api_key_env}" if self.cfg.api_key_env
             else "the request: it sends no key; name the variable that holds one with api_key_env"
         )
-        return (f"Backend {self.name!r} at {self.cfg.base_url} rejected {where}. "
+        return (f"Backend {self.name!r} at {self.url} rejected {where}. "
                 "Check the key and the base_url.")
 
     async def _preflight_chat(self) -> None:
         body = {"model": self.model, "max_tokens": 1, "temperature": 0.0,
                 "messages": [{"role": "user", "content": PREFLIGHT_PROMPT}]}
-        where = f"Backend {self.name!r} ({self.cfg.base_url}, model {self.model!r})"
+        where = f"Backend {self.name!r} ({self.url}, model {self.model!r})"
         try:
             await self._send(body)
         except FatalBackendError as exc:
@@ -266,11 +293,16 @@ class OpenAIBackend(Backend):
     async def _send(self, body: dict[str, Any]) -> Completion:
         start = time.perf_counter()
         try:
-            # The SDK's documented raw path (``client.post``) skips its per-request parameter
-            # transformation (~0.5 ms of CPU per call, a quarter of its cost: see
-            # benchmarks/README.md); the body is already plain JSON, and the reply is parsed into
-            # the same typed ChatCompletion.
-            resp = await self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+            # The SDK's timeout bounds each read, not the call: a server trickling a byte every
+            # half second would never time out. The deadline bounds the whole request.
+            with anyio.fail_after(self.cfg.timeout_s):
+                # The SDK's documented raw path (``client.post``) skips its per-request parameter
+                # transformation (~0.5 ms of CPU per call, a quarter of its cost: see
+                # benchmarks/README.md); the body is already plain JSON, and the reply is parsed
+                # into the same typed ChatCompletion.
+                resp = await self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+        except TimeoutError:
+            raise TimeoutBackendError(f"timeout after {self.cfg.timeout_s}s from {self.name}") from None
         except openai.OpenAIError as exc:
             raise classify(exc, self.name, self.cfg.timeout_s) from exc
         except ValueError as exc:  # json.JSONDecodeError: a JSON content type, a broken body

@@ -2,9 +2,9 @@
 
 It speaks just enough of the OpenAI REST API for the ``openai`` SDK to talk to it
 (``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``), answers
-deterministically, and can add latency and inject faults (429, 500, dropped
-connections, hangs, malformed bodies, empty completions) drawn from a seeded RNG, and refuse
-structured-output formats the way real servers do (``reject_formats``)::
+deterministically, and can add latency and inject faults (429, 500, dropped connections,
+hangs, malformed bodies, empty completions, answers trickled a byte at a time) drawn from a
+seeded RNG, and refuse structured-output formats the way real servers do (``reject_formats``)::
 
     with TestServer(FaultPlan(latency_s=0.2, rate_429=0.1, seed=1)) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="test")
@@ -70,6 +70,7 @@ OUTCOMES: tuple[str, ...] = (
     "malformed",
     "empty",
     "bad_request",
+    "trickle",
 )
 
 _MAX_RECORDED_REQUESTS = 10_000
@@ -102,7 +103,7 @@ class FaultPlan(pydantic.BaseModel, extra="forbid"):
 
     For every ``POST`` to a known endpoint one number is drawn from ``random.Random(seed)``
     (under a lock) and compared against the cumulative rates in this fixed order: 429, 500,
-    drop, hang, malformed, empty; otherwise the request succeeds. A run whose requests
+    drop, hang, malformed, empty, trickle; otherwise the request succeeds. A run whose requests
     arrive in the same order therefore sees the same faults. Rates must sum to at most 1.
     """
 
@@ -127,6 +128,11 @@ class FaultPlan(pydantic.BaseModel, extra="forbid"):
     JSON without ``choices``."""
     rate_empty: float = _Rate
     """Share of chat completions answered with content ``""``."""
+    rate_trickle: float = _Rate
+    """Share of requests answered correctly but slowly: the headers at once, then the body one
+    byte every ``trickle_s`` seconds (each read is quick, the whole answer is not)."""
+    trickle_s: float = pydantic.Field(default=0.5, ge=0.0)
+    """Seconds between the bytes of a trickled answer."""
     seed: int = 0
     """Seed of the fault RNG; :meth:`TestServer.set_plan` reseeds it."""
 
@@ -146,6 +152,7 @@ class FaultPlan(pydantic.BaseModel, extra="forbid"):
             ("hang", self.rate_hang),
             ("malformed", self.rate_malformed),
             ("empty", self.rate_empty),
+            ("trickle", self.rate_trickle),
         ]
 
     def pick(self, u: float) -> str:
@@ -367,19 +374,23 @@ class _Handler(BaseHTTPRequestHandler):
         content_type: str = "application/json",
     ) -> None:
         """Send status line, headers and body in a single write (one TCP segment if small)."""
+        self.wfile.write(self._head(status, len(body), headers, content_type) + body)
+
+    def _head(
+        self, status: int, length: int, headers: dict[str, str] | None, content_type: str
+    ) -> bytes:
         phrase = HTTPStatus(status).phrase
         lines = [
             f"{self.protocol_version} {status} {phrase}",
             f"Server: {self.version_string()}",
             f"Date: {self.date_time_string()}",
             f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
+            f"Content-Length: {length}",
         ]
         lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
         if self.close_connection:
             lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        self.wfile.write(head + body)
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     # -- request handling --------------------------------------------------------------
 
@@ -512,6 +523,7 @@ class _Handler(BaseHTTPRequestHandler):
             malformed, content_type = _MALFORMED_BODIES[plan.malformed_body]
             self._respond("malformed", 200, malformed, content_type=content_type)
         else:
+            trickle = outcome == "trickle"
             try:
                 if not isinstance(body, dict):
                     message = "the request body must be a JSON object"
@@ -521,7 +533,23 @@ class _Handler(BaseHTTPRequestHandler):
                 outcome = "bad_request" if err.status < 500 else "500"
                 self._respond(outcome, err.status, _error_body(err.message, err.kind, err.code))
                 return
-            self._respond(outcome, 200, json.dumps(payload, ensure_ascii=False).encode())
+            answer = json.dumps(payload, ensure_ascii=False).encode()
+            if trickle:
+                self._trickle(answer, plan.trickle_s)
+            else:
+                self._respond(outcome, 200, answer)
+
+    def _trickle(self, body: bytes, interval: float) -> None:
+        """Send a 200 with ``body`` one byte every ``interval`` seconds (stops when closed)."""
+        self._answered()
+        self.state.count("trickle")
+        self.wfile.write(self._head(200, len(body), None, "application/json"))
+        for i in range(len(body)):
+            self._pause(interval)
+            if self.state.stopping.is_set():
+                self.close_connection = True  # a partial answer: the connection goes too
+                return
+            self.wfile.write(body[i:i + 1])
 
     def _chat(self, body: dict[str, Any], *, empty: bool) -> tuple[str, dict[str, Any]]:
         state = self.state
@@ -832,6 +860,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-s", type=float, default=30.0)
     p.add_argument("--rate-malformed", type=float, default=0.0)
     p.add_argument("--rate-empty", type=float, default=0.0)
+    p.add_argument("--rate-trickle", type=float, default=0.0,
+                   help="share of answers sent one byte every --trickle-s seconds")
+    p.add_argument("--trickle-s", type=float, default=0.5)
     p.add_argument("--malformed-body", choices=sorted(_MALFORMED_BODIES), default="truncated")
     p.add_argument("--reject-format", action="append", choices=FORMATS, default=[],
                    help="refuse this structured-output format with HTTP 500 (repeatable)")
@@ -857,6 +888,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             hang_s=args.hang_s,
             rate_malformed=args.rate_malformed,
             rate_empty=args.rate_empty,
+            rate_trickle=args.rate_trickle,
+            trickle_s=args.trickle_s,
             malformed_body=args.malformed_body,
             seed=args.seed,
         )
