@@ -47,9 +47,11 @@ class ConfigError(UserError):
 
 
 class MissingKeyError(UserError):
-    """The environment variable that should hold an API key is unset, empty or blank.
+    """The environment variable that should hold an API key is unset, empty or blank, or holds
+    something that cannot be a key (a line break inside it, a non-ASCII character).
 
-    ``problem`` is how it is wrong: ``"not set"``, ``"empty"`` or ``"blank"`` (whitespace only).
+    ``problem`` is how it is wrong: ``"not set"``, ``"empty"``, ``"blank"`` (whitespace only) or
+    a phrase that reads after "which is" (:mod:`spasm.backends.keys`). The value is never quoted.
     """
 
     def __init__(self, env_var: str, backend: str, problem: str = "not set") -> None:
@@ -60,7 +62,7 @@ class MissingKeyError(UserError):
             "not set": "which is not set",
             "empty": "which is empty",
             "blank": "which holds only whitespace",
-        }.get(problem, problem)
+        }.get(problem, f"which is {problem}")
         super().__init__(
             f"Backend {backend!r} needs an API key in the environment variable {env_var}, {what}. "
             f"Put the key in it (export {env_var}=...) or name another variable with "

@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from spasm.dataset.files import atomic_write
 from spasm.errors import RunError, UserError
+from spasm.redact import redact_url
 
 __all__ = [
     "CachedEmbedder",
@@ -282,7 +283,8 @@ class OpenAIEmbedder:
         self.model = model
         self.base_url = base_url
         self.batch_size = batch_size
-        self.name = f"openai:{base_url or 'default'}:{model}"
+        # The name keys the embeddings cache (a folder) and is written to metrics.json.
+        self.name = f"openai:{redact_url(base_url) if base_url else 'default'}:{model}"
         # The key lives only inside the client object; it is never logged or written.
         self._client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout)
 
@@ -291,21 +293,32 @@ class OpenAIEmbedder:
         import openai
 
         rows: list[list[float]] = []
+        where = redact_url(self.base_url or "api.openai.com")
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start : start + self.batch_size]
             try:
                 response = self._client.embeddings.create(model=self.model, input=batch)
+                data = sorted(response.data, key=lambda d: d.index)
+                vectors = [[float(x) for x in d.embedding] for d in data]
             except openai.APIError as exc:
                 raise RunError(
-                    f"The embeddings endpoint {self.base_url or 'api.openai.com'} failed for "
-                    f"model {self.model!r}: {exc}"
+                    f"The embeddings endpoint {where} failed for model {self.model!r}: "
+                    f"{redact_url(str(exc))}"
                 ) from exc
-            data = sorted(response.data, key=lambda d: d.index)
-            if len(data) != len(batch):
+            except (AttributeError, TypeError, ValueError):
+                # Not an embeddings response: an HTML page, a body that is not JSON, JSON of
+                # another shape (the SDK hands such a body over as it is).
+                raise UserError(
+                    f"The embeddings endpoint {where} does not answer like an OpenAI-compatible "
+                    "embeddings API (the reply is not a list of vectors). Check "
+                    "--embedding-base-url: it should point at the API (e.g. http://host:8000/v1)."
+                ) from None
+            if len(vectors) != len(batch) or len({len(v) for v in vectors}) > 1:
                 raise RunError(
-                    f"The embeddings endpoint returned {len(data)} vectors for {len(batch)} texts."
+                    f"The embeddings endpoint {where} returned {len(vectors)} vectors of sizes "
+                    f"{sorted({len(v) for v in vectors})} for {len(batch)} texts."
                 )
-            rows.extend(list(d.embedding) for d in data)
+            rows.extend(vectors)
         if not rows:
             return np.zeros((0, 0), dtype=np.float32)
         return l2_normalise(np.asarray(rows, dtype=np.float32))

@@ -70,6 +70,19 @@ class EvalBackend:
     source: str
 
 
+def _stored(name: str, config: BackendConfig) -> BackendConfig:
+    """A backend of the run's config.json, unless its base_url lost its credentials there."""
+    from spasm.redact import REDACTED
+
+    if REDACTED in (config.base_url or "") and "@" in (config.base_url or ""):
+        raise UserError(
+            f"Backend {name!r} of the run's config.json had credentials in its base_url, which "
+            f"are never stored ({config.base_url}). Pass --llm-base-url with them (and "
+            "--llm-model) to use that endpoint."
+        )
+    return config
+
+
 def _run_config(run_dir: Path) -> RunConfig | None:
     """The config a run was generated with (``None`` for imported runs, which have none)."""
     path = run_dir / "config.json"
@@ -112,9 +125,10 @@ def resolve_backend(
                 "--llm-base-url URL --llm-model MODEL for an OpenAI-compatible endpoint."
             )
         default = run.pairing_list[0].client
-        return EvalBackend(default, run.backends[default], "run config (first pairing's client)")
+        return EvalBackend(default, _stored(default, run.backends[default]),
+                           "run config (first pairing's client)")
     if run is not None and name in run.backends:
-        return EvalBackend(name, run.backends[name], "run config")
+        return EvalBackend(name, _stored(name, run.backends[name]), "run config")
     if name == "embedded":
         return EvalBackend(name, BackendConfig(kind="embedded"), "embedded default")
     known = sorted(run.backends) if run is not None else []
