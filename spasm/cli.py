@@ -200,6 +200,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from spasm.engine import Engine
 
+    if args.resume and args.overwrite:
+        raise UserError("--resume continues the run in --out and --overwrite replaces it; "
+                        "choose one")
+    if args.pilot < 0:
+        raise UserError(f"--pilot {args.pilot}: the number of real dialogues to calibrate on "
+                        "must be 0 or more")
     config = resolve_config(args)
     run_dir = args.out or Path("runs") / config.name
     from spasm.executors.cli import generate_with_ray, shard_of

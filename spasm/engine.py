@@ -100,6 +100,8 @@ class Engine:
         self.sleep_scale = sleep_scale
         self.store = RunStore(self.run_dir)
         self._started = ""
+        #: Digest of the persona schema the run's personas were drawn from (config.json).
+        self._persona_schema: str | None = None
         #: ``--shard I/N``: only its personas' dialogues; recorded in the manifest.
         self.shard = shard
         self._shard_record = shard.record() if shard is not None else None
@@ -141,7 +143,28 @@ class Engine:
         if not self.overwrite:  # resuming: the same shard (or none) as before
             self._shard_record = resume_check(self.run_dir, self.shard)
             self._refuse_legacy_ids()
+            self._check_schema(old.get("persona_schema"))
         return self.overwrite
+
+    def _schema_digest(self) -> str:
+        """The persona schema's content (as parsed: comments and layout do not count)."""
+        import hashlib
+
+        schema = load_schema(self.config.personas.schema_file)
+        return hashlib.sha256(schema.model_dump_json().encode()).hexdigest()[:16]
+
+    def _check_schema(self, drawn_with: Any) -> None:
+        """A resumed run keeps the personas it drew: say so when the schema changed since
+        (the config names the schema file, so its fingerprint cannot see an edit)."""
+        if not isinstance(drawn_with, str) or not self.store.parts("personas"):
+            return  # an older run, or no personas yet (they will be drawn from this schema)
+        self._persona_schema = drawn_with  # what the stored personas were drawn from
+        if drawn_with != self._schema_digest():
+            log.warning(
+                "the persona schema %s changed since %s drew its personas; they are kept, so the "
+                "edit does not apply to this run. Restore the schema, or pass --overwrite (or "
+                "another --out) to draw the personas again.",
+                self.config.personas.schema_file or "(bundled)", self.run_dir)
 
     def _refuse_legacy_ids(self) -> None:
         """A run whose dialogue ids an older spasm built with unescaped ``-`` in backend names
@@ -327,7 +350,8 @@ class Engine:
         started = datetime.now(UTC).isoformat()
         write_json(
             self.run_dir / "config.json",
-            {"fingerprint": self.config.fingerprint(), "config": self.config.redacted()},
+            {"fingerprint": self.config.fingerprint(), "config": self.config.redacted(),
+             "persona_schema": self._persona_schema or self._schema_digest()},
         )
         ec = self.config.engine
         cache = Cache(self.run_dir / "cache.sqlite") if ec.cache else None
@@ -521,15 +545,28 @@ class Engine:
         rules and template cards only, no model call)."""
         pc = self.config.personas
         schema = load_schema(pc.schema_file)
-        if caller is None:
-            return await build_personas(schema, pc.n, self.config.seed,
-                                        max_draws_per_persona=pc.max_draws_per_persona)
-        backend = pc.backend or self.config.pairing_list[0].client
-        temps = self.config.backends[backend].temperatures
-        return await build_personas(
-            schema, pc.n, self.config.seed, caller=caller, backend=backend,
-            llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
-            validator_temperature=temps.validator, crafter_temperature=temps.crafter,
-            max_draws_per_persona=pc.max_draws_per_persona,
-            compile_policy=self._policy_compiler(caller, backend),
-        )
+        # A bar once drawing is slow enough to look stuck (900,000 personas: a minute or more);
+        # by default only on a terminal and for large sets.
+        auto = None if pc.n >= 10_000 else True
+        bar = tqdm(total=pc.n, unit="persona", desc="drawing personas", leave=False,
+                   disable={True: False, False: True, None: auto}[self.progress], dynamic_ncols=True)
+
+        def progress(accepted: int) -> None:
+            bar.update(accepted - bar.n)
+
+        try:
+            if caller is None:
+                return await build_personas(schema, pc.n, self.config.seed,
+                                            max_draws_per_persona=pc.max_draws_per_persona,
+                                            on_progress=progress)
+            backend = pc.backend or self.config.pairing_list[0].client
+            temps = self.config.backends[backend].temperatures
+            return await build_personas(
+                schema, pc.n, self.config.seed, caller=caller, backend=backend,
+                llm_validate=pc.llm_validate, llm_craft=pc.llm_craft,
+                validator_temperature=temps.validator, crafter_temperature=temps.crafter,
+                max_draws_per_persona=pc.max_draws_per_persona,
+                compile_policy=self._policy_compiler(caller, backend), on_progress=progress,
+            )
+        finally:
+            bar.close()

@@ -63,8 +63,12 @@ async def build_personas(
     crafter_temperature: float = 0.7,
     max_draws_per_persona: int = 200,
     compile_policy: PolicyCompiler | None = None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> PersonaSet:
     """Draw candidates until ``n`` pass the rules (and the LLM check, if on); craft their cards.
+
+    ``on_progress(accepted)`` is called every few hundred draws and at the end (a progress bar:
+    drawing a million personas takes minutes).
 
     With ``compile_policy`` each accepted persona's card is also compiled into its policy
     (SPEC §4.1), stored as the ``policy`` JSON column with its ``policy_version``; the engine
@@ -92,6 +96,8 @@ async def build_personas(
             # Sampling is CPU-bound: give the event loop a moment so Ctrl-C and SIGTERM (which
             # cancel the running task) take effect at once, not after the last persona.
             await anyio.sleep(0)
+            if on_progress is not None:
+                on_progress(len(out.accepted))
         verdicts: list[dict[str, Any]] = []
         violations = rule_violations(schema, fields)
         if violations:
@@ -157,4 +163,6 @@ async def build_personas(
             }
         )
         out.calls.extend(scope.records)
+    if on_progress is not None:
+        on_progress(len(out.accepted))
     return out

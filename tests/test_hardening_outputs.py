@@ -285,3 +285,177 @@ def test_sigterm_during_executor_ray_exits_143_with_the_resume_hint(tmp_path: Pa
     assert proc.returncode == 143, err
     assert "Stopped by SIGTERM" in err and "Run the same command again to resume" in err
     assert "SIGTERM received" not in err and "Traceback" not in err
+
+
+# -- item 9: the smaller cases -----------------------------------------------------------------
+def test_resume_with_overwrite_and_a_negative_pilot_are_refused(run: Path, capsys: Any) -> None:
+    before = _digest(run)
+    cfg = ["--config", str(run.parent / "none.yaml"), "--out", str(run), "--no-progress"]
+    assert main(["generate", *cfg, "--resume", "--overwrite"]) == 2
+    assert "--resume continues the run in --out and --overwrite replaces it" in capsys.readouterr().err
+    assert main(["generate", *cfg, "--dry-run", "--pilot", "-1"]) == 2
+    assert "--pilot -1" in capsys.readouterr().err
+    assert _digest(run) == before
+
+
+def test_a_large_dry_run_shows_its_persona_drawing(tmp_path: Path, capsys: Any) -> None:
+    import anyio
+
+    from spasm.engine import Engine
+    from tests.conftest import config_from
+
+    config = config_from(endpoint_config("http://127.0.0.1:9/v1", personas={"n": 600}))
+    dry = anyio.run(Engine(config, tmp_path / "run", progress=True).dry_run)
+    assert sum(e.dialogues for e in dry.pairings) == 600
+    assert "drawing personas" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_status_of_a_directory_that_is_no_run_says_so(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+    assert main(["status", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a spasm run directory" in err and "safe to resume" not in err
+
+
+@pytest.mark.parametrize("fields", [
+    "fields: {}",
+    'fields: {first_name: {type: categorical, values: [""]}}',
+    "fields: {domain: {type: categorical, values: [{value: a, concerns: []}]}, "
+    "concern: {type: derived, from: domain.concerns}}",
+])
+def test_a_schema_with_an_empty_pool_is_a_schema_error(tmp_path: Path, capsys: Any, fields: str) -> None:
+    schema = tmp_path / "s.yaml"
+    schema.write_text(f'schema_version: "1.0"\nname: t\n{fields}\n')
+    out = tmp_path / "p.parquet"
+    assert main(["personas", "--n", "1", "--out", str(out), "--schema", str(schema)]) == 2
+    err = capsys.readouterr().err
+    assert str(schema) in err and "Traceback" not in err and not out.exists()
+
+
+def test_a_schema_without_identity_fields_gets_no_empty_you_are(tmp_path: Path) -> None:
+    schema = tmp_path / "s.yaml"
+    schema.write_text('schema_version: "1.0"\nname: t\nfields: {domain: {type: categorical, '
+                      'values: [{value: taxes, concerns: ["my refund is late"]}]}, '
+                      "concern: {type: derived, from: domain.concerns}}\n")
+    out = tmp_path / "p.parquet"
+    assert main(["personas", "--n", "2", "--out", str(out), "--schema", str(schema)]) == 0
+    cards = pd.read_parquet(out).card.tolist()
+    assert cards and all("You are ." not in c and c.startswith("You have come to talk about taxes")
+                         for c in cards)
+
+
+def test_a_schema_edited_between_passes_is_reported(
+    server: TestServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    schema = tmp_path / "persona.yaml"
+    schema.write_text((ROOT / "schemas" / "persona.yaml").read_text(encoding="utf-8"))
+    cfg = _config(tmp_path, server.base_url, personas={"n": 2, "schema_file": str(schema)})
+    argv = ["generate", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 0
+    schema.write_text(schema.read_text() + "\n# a comment is no change\n")
+    assert main(argv) == 0
+    assert "persona schema" not in caplog.text
+    text = schema.read_text()
+    assert '{value: "Retiree", weight: 1.5}' in text
+    schema.write_text(text.replace('{value: "Retiree", weight: 1.5}', '{value: "Retiree", weight: 3}'))
+    assert main(argv) == 0
+    assert f"the persona schema {schema} changed since" in caplog.text
+    assert "--overwrite" in caplog.text
+
+
+@pytest.mark.parametrize("pid", ["..", "a/b", ".", "  ", "x\\y", "tab\there"])
+def test_import_refuses_persona_ids_that_are_paths(tmp_path: Path, capsys: Any, pid: str) -> None:
+    release = tmp_path / "r.jsonl"
+    release.write_text(json.dumps({"persona_id": pid, "conversation_id": 0, "turns": [
+        {"speaker": "client", "turn_index": 0, "text": "hi"}]}) + "\n")
+    out = tmp_path / "run"
+    assert main(["import", str(release), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is not an id" in err and "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.glob(".run*"))
+
+
+@pytest.mark.parametrize(("text", "address"), [
+    ("write to ｊｏｈｎ＠ｅｘａｍｐｌｅ．ｃｏｍ today", "ｊｏｈｎ＠ｅｘａｍｐｌｅ．ｃｏｍ"),
+    ("write to john [at] example [dot] com today", "john [at] example [dot] com"),
+    ("write to john(at)example.com today", "john(at)example.com"),
+    ("call ＋４４ ２０ ７９４６ ０９５８ today", "＋４４ ２０ ７９４６ ０９５８"),
+])
+def test_fullwidth_and_spelled_out_contacts_are_found_and_redacted(text: str, address: str) -> None:
+    from spasm.export.scans import ScanContext, redact, scan_text
+
+    found = [f for f in scan_text(text, ScanContext()) if f.redaction is not None]
+    assert [f.evidence for f in found] == [address]
+    redacted, _ = redact(text, found)
+    assert redacted.startswith(text.split(address)[0]) and redacted.endswith(" today")
+    assert address not in redacted and "[" in redacted
+
+
+def test_identical_exports_write_identical_card_json(run: Path, tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["export", str(run), "--out", str(a)]) == 0
+    assert main(["export", str(run), "--out", str(b)]) == 0  # the QA scan runs (and dates) again
+    assert (a / "card.json").read_bytes() == (b / "card.json").read_bytes()
+
+
+# -- the viewer --------------------------------------------------------------------------------
+def _view_status(url: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=data, headers=headers or {},
+                                     method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_the_viewer_on_another_loopback_address_serves_its_url(run: Path) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("duckdb")
+    from spasm.viewer.server import ViewerServer
+
+    with ViewerServer(run, host="127.0.0.2") as srv:
+        assert srv.base_url.startswith("http://127.0.0.2:")
+        assert _view_status(srv.url) == 200
+        # A DNS name pointed at the address is still refused (rebinding).
+        assert _view_status(srv.url, headers={"Host": f"evil.example:{srv.port}"}) == 421
+
+
+def test_a_failed_view_start_leaves_no_temporary_folder(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("duckdb")
+    import socket
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["view", str(run), "--port", str(port), "--no-browser"]) == 2
+    assert "is in use" in capsys.readouterr().err
+    assert list(temp.iterdir()) == []
+
+
+def test_the_viewer_refuses_a_label_from_another_port_on_127_0_0_1(run: Path) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("duckdb")
+    from spasm.viewer.server import ViewerServer
+
+    did = str(pd.read_parquet(run / "dialogues.parquet").dialogue_id.iloc[0])
+    body = json.dumps({"dialogue_id": did, "annotator": "ana", "echoing": "none"}).encode()
+    with ViewerServer(run) as srv:
+        url = srv.base_url + "/api/labels"
+        json_type = {"Content-Type": "application/json"}
+        other = f"http://127.0.0.1:{srv.port + 1 if srv.port < 65535 else srv.port - 1}"
+        assert _view_status(url, body, {**json_type, "Origin": other}) == 403
+        assert _view_status(url, body, {**json_type, "Origin": "https://127.0.0.1:" + str(srv.port)}) == 403
+        assert _view_status(url, body, {**json_type, "Origin": srv.base_url}) == 201

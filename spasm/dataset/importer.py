@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -190,7 +191,7 @@ def import_spasm_jsonl(
         for key in ("persona_id", "conversation_id", "turns"):
             if key not in rec:
                 raise UserError(f"{where} has no {key!r}; is this a SPASM release file?")
-        pid = str(rec["persona_id"])
+        pid = _persona_id(rec["persona_id"], where)
         tail, index = _conversation_key(rec["conversation_id"], where)
         if (pid, tail) in seen:
             raise UserError(f"{where} repeats persona_id {pid!r} with conversation_id "
@@ -237,6 +238,17 @@ def import_spasm_jsonl(
                              "turns": turns}, summary, persona_fields=(columns, integer),
                        replace=overwrite)
     return summary
+
+
+def _persona_id(value: Any, where: str) -> str:
+    """A persona id that names one persona: not blank, not a path (``..``, ``a/b``) and without
+    control characters (ids end up in dialogue ids, URLs of the viewer and file names)."""
+    pid = str(value)
+    if (not pid.strip() or pid in (".", "..") or "/" in pid or "\\" in pid
+            or any(unicodedata.category(c) == "Cc" for c in pid)):
+        raise UserError(f"{where}: persona_id {pid[:40]!r} is not an id (empty, '.', '..', or with "
+                        "a slash or a control character); give each persona a plain id.")
+    return pid
 
 
 def _check_target(out: Path, overwrite: bool) -> None:

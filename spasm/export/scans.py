@@ -20,6 +20,7 @@ duplicates, role flips) live in :mod:`spasm.export.qa` and :mod:`spasm.export.de
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -137,9 +138,46 @@ def scan_text(text: str, ctx: ScanContext, kinds: Iterable[str] | None = None) -
     if unknown:
         raise UserError(f"unknown QA scan(s) {', '.join(unknown)}; known: {', '.join(scan_names())}")
     found: list[Finding] = []
+    folded, where = _fold(text) if any(n in PLACEHOLDERS for n in names) else (text, None)
     for name in names:
-        found += _SCANS[name](text, ctx)
+        if name not in PLACEHOLDERS:
+            found += _SCANS[name](text, ctx)
+        elif where is None:
+            found += _SCANS[name](folded, ctx)
+        else:  # found in the folded text: offsets and evidence of the original
+            for f in _SCANS[name](folded, ctx):
+                start, end = where[f.start], where[f.end - 1] + 1
+                found.append(Finding(f.kind, start, end, text[start:end], f.redaction))
     return sorted(_resolve(found), key=lambda f: (f.start, f.end, f.kind))
+
+
+#: "[at]", "(at)", "{dot}", "<dot>" (spaces around allowed): an address spelled out to dodge a scan.
+_SPELLED = re.compile(r"\s*[\[({<]\s*(at|dot)\s*[\])}>]\s*", re.IGNORECASE)
+
+
+def _fold(text: str) -> tuple[str, list[int] | None]:
+    """``text`` as the contact scans read it: NFKC-normalised (fullwidth ``ｊｏｈｎ＠…`` is
+    ``john@…``) and with spelled-out ``[at]``/``(dot)`` as ``@``/``.``; and the offset in
+    ``text`` of each character (``None``: the text is unchanged)."""
+    if text.isascii() and not _SPELLED.search(text):
+        return text, None
+    parts: list[str] = []
+    where: list[int] = []
+    for i, c in enumerate(text):
+        n = c if c.isascii() else unicodedata.normalize("NFKC", c)
+        parts.append(n)
+        where += [i] * len(n)
+    folded = "".join(parts)
+    out: list[str] = []
+    mapped: list[int] = []
+    last = 0
+    for m in _SPELLED.finditer(folded):
+        out += [folded[last : m.start()], "@" if m.group(1).lower() == "at" else "."]
+        mapped += [*where[last : m.start()], where[m.start()]]
+        last = m.end()
+    out.append(folded[last:])
+    mapped += where[last:]
+    return "".join(out), mapped
 
 
 def _resolve(findings: list[Finding]) -> list[Finding]:

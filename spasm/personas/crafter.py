@@ -50,13 +50,17 @@ def render_persona_card(persona: dict[str, Any]) -> str:
     """The template card, in the second person, as the Client's system prompt starts."""
     p = persona
     parts: list[str] = []
-    who = f"You are {p['first_name']}, " if p.get("first_name") else "You are "
+    identity = ""
     if "age" in p and "occupation" in p:
         occupation = str(p["occupation"]).lower() if p["occupation"][1:].islower() else p["occupation"]
-        who += f"a {p['age']}-year-old {occupation}"
+        identity = f"a {p['age']}-year-old {occupation}"
     if p.get("city"):
-        who += f" living in {p['city']}"
-    parts.append(who + ".")
+        identity += f" living in {p['city']}"
+    if p.get("first_name"):  # a schema without these fields gets no "You are ." sentence
+        parts.append(f"You are {p['first_name']}, {identity}." if identity else
+                     f"You are {p['first_name']}.")
+    elif identity:
+        parts.append(f"You are {identity.strip()}.")
     if p.get("domain"):
         topic = f"You have come to talk about {p['domain']}"
         if p.get("concern"):

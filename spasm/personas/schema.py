@@ -23,6 +23,20 @@ class Choice(_Strict):
     weight: float = Field(1.0, gt=0)
     concerns: list[str] = []
 
+    @field_validator("value")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("a value must not be empty (a card would read \"You are .\")")
+        return v
+
+    @field_validator("concerns")
+    @classmethod
+    def _no_blank_concern(cls, v: list[str]) -> list[str]:
+        if any(not c.strip() for c in v):
+            raise ValueError("a concern must not be empty")
+        return v
+
 
 class IntegerField(_Strict):
     type: Literal["integer"]
@@ -132,11 +146,21 @@ class PersonaSchema(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> PersonaSchema:
+        if not self.fields:
+            raise ValueError("fields: a schema needs at least one field (a persona of nothing "
+                             "has the card \"You are .\")")
         for name, spec in self.fields.items():
             if isinstance(spec, DerivedField):
                 src, _, attr = spec.from_.partition(".")
-                if src not in self.fields or attr != "concerns":
+                source = self.fields.get(src)
+                if not isinstance(source, ChoiceField) or attr != "concerns":
                     raise ValueError(f"field {name!r}: 'from' must be <choice field>.concerns")
+                empty = [c.value for c in source.values if not c.concerns]
+                if empty:
+                    raise ValueError(
+                        f"field {name!r} draws from {spec.from_}, but {src} value(s) "
+                        f"{', '.join(map(repr, empty[:3]))} have no concerns (an empty pool): "
+                        "give each value at least one")
         for rule in self.rules:
             for f in (*rule.when, *rule.require):
                 if f not in self.fields:

@@ -111,7 +111,11 @@ class RunIndex:
         self._lock = threading.Lock()
         self._generation = 0
         self._snap: _Snapshot | None = None
-        self.snapshot()
+        try:
+            self.snapshot()
+        except BaseException:  # a run the index cannot read leaves no folder behind
+            self.close()
+            raise
 
     def close(self) -> None:
         """Close the database and delete the index folder."""

@@ -3,10 +3,12 @@
 * **Token**: when the server has one (always when bound to a non-loopback address), every
   request carries it: ``?token=…`` (the URL ``spasm view`` prints; it is then kept in an
   HttpOnly, SameSite=Strict cookie), the cookie, or an ``X-Spasm-Token`` header. Without it: 401.
-* **Host**: bound to loopback, only ``Host: 127.0.0.1 / localhost / [::1]`` is served, so a web
-  page cannot reach the viewer through a DNS name it points at 127.0.0.1 (DNS rebinding).
-* **Writes** (``POST``) must be JSON from the viewer's own origin (``Origin`` and
-  ``Sec-Fetch-Site`` checked): another site cannot label on the user's behalf.
+* **Host**: bound to loopback, only ``Host: 127.0.0.1 / localhost / [::1]`` (or another loopback
+  address, such as the 127.0.0.2 it is bound to) is served, so a web page cannot reach the viewer
+  through a DNS name it points at 127.0.0.1 (DNS rebinding).
+* **Writes** (``POST``) must be JSON from the viewer's own origin (``Sec-Fetch-Site``, and an
+  ``Origin`` of the same scheme, host *and port*: another server on 127.0.0.1 is another site):
+  another site cannot label on the user's behalf.
 * **Headers**: a Content-Security-Policy without inline script (``script-src 'self'``), so even
   a bug in escaping could not run an utterance as code; no framing; no referrer (the token is in
   the first URL).
@@ -46,6 +48,32 @@ def _hostname(value: str) -> str:
     return (urlsplit("//" + value).hostname or "").lower()
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _authority(scheme: str, netloc: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in; a bad port is ``None``."""
+    parts = urlsplit("//" + netloc)
+    try:
+        port = parts.port
+    except ValueError:
+        return scheme, "", None
+    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
+
+
+def _origin(origin: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(origin)
+    return _authority(parts.scheme.lower(), parts.netloc)
+
+
 class Guard:
     """The middleware (``app.middleware("http")(Guard(...))``)."""
 
@@ -65,14 +93,18 @@ class Guard:
         return False, False
 
     def _refuse(self, request: Request) -> Response | None:
-        host = _hostname(request.headers.get("host", ""))
-        if self.allowed_hosts is not None and host not in self.allowed_hosts:
+        host_header = request.headers.get("host", "")
+        host = _hostname(host_header)
+        # Any loopback IP literal (127.0.0.2 when bound there) is safe: DNS rebinding needs a name.
+        if self.allowed_hosts is not None and host not in self.allowed_hosts and not (
+                _is_ip(host) and is_loopback(host)):
             return PlainTextResponse(f"Host {host!r} is not served: open the viewer at 127.0.0.1.", 421)
         if request.method == "POST":
             if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
                 return PlainTextResponse("Labels are only accepted from the viewer's own pages.", 403)
             origin = request.headers.get("origin")
-            if origin and _hostname(urlsplit(origin).netloc) != host:
+            # The whole origin (scheme, host and port): another server on 127.0.0.1 is another site.
+            if origin and _origin(origin) != _authority("http", host_header):
                 return PlainTextResponse("Labels are only accepted from the viewer's own pages.", 403)
             if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 return PlainTextResponse("Send labels as application/json.", 415)

@@ -48,8 +48,13 @@ class ViewerServer:
         from spasm.viewer.app import create_app
 
         self.host, self.token = host, token
-        self.app = create_app(run_dir, token=token, loopback=is_loopback(host))
+        # The socket first: a port in use then fails before the index's temporary folder exists.
         self.sock = bind(host, port)
+        try:
+            self.app = create_app(run_dir, token=token, loopback=is_loopback(host))
+        except BaseException:
+            self.sock.close()
+            raise
         self.port = int(self.sock.getsockname()[1])
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=2)

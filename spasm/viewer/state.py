@@ -56,10 +56,15 @@ class Viewer:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.index = RunIndex(self.run_dir)
-        self.book = AnnotationBook(self.run_dir)
-        self.env = Environment(loader=PackageLoader("spasm.viewer", "templates"), autoescape=True,
-                               undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-        self.env.globals.update(sorts=list(SORTS), run_name=self._run_name())
+        try:
+            self.book = AnnotationBook(self.run_dir)
+            self.env = Environment(loader=PackageLoader("spasm.viewer", "templates"),
+                                   autoescape=True, undefined=StrictUndefined, trim_blocks=True,
+                                   lstrip_blocks=True)
+            self.env.globals.update(sorts=list(SORTS), run_name=self._run_name())
+        except BaseException:  # a failed start leaves no temporary folder behind
+            self.index.close()
+            raise
 
     def _run_name(self) -> str:
         name = self.index.snapshot().run.manifest.get("name")
