@@ -52,6 +52,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "SCHEMA_VERSION",
     "AnnotationRow",
     "CallRow",
     "DialogueRow",
@@ -60,7 +61,6 @@ __all__ = [
     "QARow",
     "Run",
     "RunStore",
-    "SCHEMA_VERSION",
     "SeenMessages",
     "TurnRow",
     "open_run",
