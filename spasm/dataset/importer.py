@@ -118,6 +118,9 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise UserError(f"{path}:{line_no} is not valid JSON ({exc.msg}).") from None
+            except (ValueError, RecursionError):  # a number of thousands of digits, deep nesting
+                raise UserError(f"{path}:{line_no} cannot be read: it holds a number with "
+                                "thousands of digits or nesting too deep.") from None
             if not isinstance(record, dict):
                 raise UserError(f"{path}:{line_no} is not a JSON object.")
             yield line_no, record
@@ -128,9 +131,32 @@ def _conversation_key(value: Any, where: str) -> tuple[str, int | None]:
     if isinstance(value, bool) or not isinstance(value, int | str) or str(value).strip() == "":
         raise UserError(f"{where}: conversation_id must be an integer or a non-empty string.")
     text = str(value).strip()
-    if isinstance(value, int) or text.isdigit():
-        return f"k{int(text)}", int(text)
+    if isinstance(value, int) or (text.isascii() and text.isdigit()):
+        index = int(text)
+        if not _INT32[0] <= index <= _INT32[1]:
+            raise UserError(f"{where}: conversation_id {_short(text)} is out of range (a "
+                            f"conversation number is at most {_INT32[1]:,}); number them 0, 1, 2, …")
+        return f"k{index}", index
     return text, None
+
+
+#: The ranges of the columns integers land in (``conversation_index``; ``seed`` and integer
+#: persona fields), so a value too big for them is the input's error, not a traceback.
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_integers(row: Mapping[str, Any], integer: set[str], where: str) -> None:
+    """Refuse integer persona fields that no 64-bit column holds (an age of 10^30)."""
+    for column in sorted(integer):
+        value = row.get(column)
+        if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+            raise UserError(f"{where}: persona field {column!r} = {_short(str(value))} is out of "
+                            "range for an integer; fix the record.")
 
 
 def _turn_rows(did: str, raw_turns: Any, where: str) -> list[TurnRow]:
@@ -201,14 +227,19 @@ def import_spasm_jsonl(
         if not isinstance(fields, dict):
             raise UserError(f"{where}: persona_fields must be an object.")
         if pid not in personas:
+            mapped = persona_columns(fields, columns, integer)
+            _check_integers(mapped, integer, where)
             personas[pid] = {
                 "persona_id": pid, "persona_index": len(personas), "seed": 0,
-                **persona_columns(fields, columns, integer),
+                **mapped,
                 "card": str(rec.get("persona_description") or ""), "card_source": "import",
                 "persona_fields": json.dumps(fields, ensure_ascii=False),
             }
         did = f"{pid}-{tail}"
         rows = _turn_rows(did, rec["turns"], where)
+        seed = rec.get("seed")
+        if isinstance(seed, int) and not isinstance(seed, bool) and not _INT64[0] <= seed <= _INT64[1]:
+            raise UserError(f"{where}: seed {_short(str(seed))} is out of range (a 64-bit integer).")
         turns.extend(rows)
         dialogues.append(DialogueRow(
             dialogue_id=did, persona_id=pid,

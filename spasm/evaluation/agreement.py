@@ -252,8 +252,9 @@ def _majority(latest: pd.DataFrame) -> dict[str, bool]:
 
 def agreement_report(labels: pd.DataFrame, detectors: Mapping[str, Mapping[str, bool]]) -> AgreementReport:
     """Agreement between the annotators of ``labels`` and with each detector's verdicts
-    (``{"rule": {dialogue_id: echoing}, "judge": {...}}``)."""
-    latest = latest_labels(labels)
+    (``{"rule": {dialogue_id: echoing}, "judge": {...}}``). Labels in the old format (a
+    boolean ``echoing``, no annotator or time) are read as :func:`read_labels` reads them."""
+    latest = latest_labels(_migrate(labels))
     annotators = sorted({str(a) for a in latest["annotator"]})
     majority = _majority(latest)
     versus = []

@@ -77,6 +77,7 @@ class AnnotationBook:
         self._latest: dict[str, dict[str, dict[str, Any]]] = {}
         self._history: dict[str, int] = {}
         self._rows: list[dict[str, Any]] = []
+        self._raters: dict[str, int] = {}  # labels without an annotator, per dialogue
         self.refresh()
 
     # -- reading ----------------------------------------------------------------------------
@@ -87,7 +88,7 @@ class AnnotationBook:
         with self._lock:
             if not self._files <= files:  # parts were merged: start again
                 self._files, self._latest, self._history, self._count = set(), {}, {}, 0
-                self._rows = []
+                self._rows, self._raters = [], {}
             new = sorted(files - self._files)
             if not new:
                 return
@@ -103,9 +104,19 @@ class AnnotationBook:
             self._files |= set(new)
 
     def _take(self, row: dict[str, Any]) -> None:
-        if isinstance(row.get("echoing"), bool):  # the boolean format of older files
+        # The format used before the viewer (one annotations.parquet): a boolean echoing, maybe
+        # no annotator, time or role flip. Read as `spasm eval` reads it (spasm.evaluation.
+        # agreement): true is "yes", false "none", rows without an annotator are numbered raters.
+        if isinstance(row.get("echoing"), bool | int):
             row["echoing"] = "yes" if row["echoing"] else "none"
-        did, who = str(row.get("dialogue_id")), str(row.get("annotator") or "unknown")
+        for column in AnnotationRow.model_fields:
+            row.setdefault(column, None)
+        did = str(row.get("dialogue_id"))
+        if isinstance(row.get("annotator"), str) and row["annotator"]:
+            who = row["annotator"]
+        else:
+            self._raters[did] = self._raters.get(did, 0) + 1
+            who = f"rater{self._raters[did]}"
         row["annotator"] = who
         self._rows.append(row)
         self._count += 1

@@ -33,11 +33,13 @@ def add_routes(app: FastAPI, viewer: Viewer) -> None:
     @app.get("/")
     def overview(request: Request) -> Response:
         run = viewer.index.snapshot().run
-        metrics = viewer.eval_metrics()
+        evaluated = viewer.eval_metrics()
+        metrics = evaluated.data
         method = str(((metrics or {}).get("echoing") or {}).get("method") or "rule")
         return viewer.render(
             "overview.html", request=request, manifest=run.manifest, counts=viewer.index.overview(),
-            facets=viewer.index.facets(), metrics=metrics, figures=viewer.eval_figures(),
+            facets=viewer.index.facets(), metrics=metrics, metrics_problems=evaluated.problems,
+            figures=viewer.eval_figures(),
             labels=viewer.book.summary(), agreement=viewer.agreement(method), tables=run.tables(),
             run_dir=str(viewer.run_dir),
         )

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from spasm.evaluation.figures import read_figures
 from spasm.viewer.annotations import AnnotationBook, LabelIn
+from spasm.viewer.eval_view import EvalMetrics, read_eval_metrics
 from spasm.viewer.listing import SORTS, ListQuery
 from spasm.viewer.queries import RunIndex
 from spasm.viewer.security import REPORT_CSP
@@ -79,16 +80,10 @@ class Viewer:
         return HTMLResponse(self.env.get_template(template).render(**context), status_code=status)
 
     # -- data for the pages -------------------------------------------------------------------
-    def eval_metrics(self) -> dict[str, Any] | None:
-        """eval/metrics.json as plain JSON (the page reads it defensively)."""
-        path = self.run_dir / "eval" / "metrics.json"
-        if not path.is_file():
-            return None
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            return None
-        return data if isinstance(data, dict) else None
+    def eval_metrics(self) -> EvalMetrics:
+        """What the overview can show of eval/metrics.json, and what it cannot read
+        (:mod:`spasm.viewer.eval_view`: a foreign or damaged file never fails the page)."""
+        return read_eval_metrics(self.run_dir)
 
     def eval_figures(self) -> list[tuple[str, str]]:
         """(caption, data: URI) of each figure of the eval report, as ``spasm eval`` wrote them
