@@ -23,9 +23,9 @@ from spasm.config import BackendConfig, parse_config
 from spasm.harness.runtime import HarnessedAgent
 from spasm.history import History
 from spasm.projection import Viewer, project
+from spasm.runner import DialogueSpec, build_agents
 from spasm.seeds import derive_seed
 from spasm.session import DialogueSession, PrefixTracker
-from spasm.runner import DialogueSpec, build_agents
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
