@@ -162,3 +162,16 @@ def test_a_run_whose_dialogues_all_hit_one_bug_says_so(
     err = capsys.readouterr().err
     assert err.count("Traceback (most recent call last)") == 1
     assert err.count("failed on the same bug: ZeroDivisionError: planted bug") == 2
+
+
+def test_importing_the_history_loads_neither_the_engine_nor_the_llm_layer() -> None:
+    """``spasm`` loads its public names on first use: a fresh interpreter that imports
+    ``spasm.history`` holds a handful of spasm modules, not the engine."""
+    import subprocess
+
+    code = ("import sys, spasm.history; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('spasm'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = out.stdout.split()
+    assert "spasm.history" in loaded and len(loaded) <= 5, loaded
+    assert not {"spasm.engine", "spasm.calls", "spasm.dataset", "spasm.config"} & set(loaded)

@@ -17,8 +17,9 @@ docs/format.md describes the run directory and its schema versions.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from spasm.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from spasm.dataset.reader import DialogueView, Run, SeenMessages, open_run, seen_messages
@@ -68,14 +69,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'spasm.dataset' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__ = lazy_exports('spasm.dataset', globals(), _HOMES)
