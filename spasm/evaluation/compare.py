@@ -53,6 +53,8 @@ COMPARED_METRICS: tuple[str, ...] = (
     *REALISM_METRICS,
     "consistency_prompt_to_line",
     "consistency_line_to_line",
+    "language_compliance_client",
+    "language_compliance_responder",
 )
 #: Dialogues of two conditions are the same "experiment" when these agree.
 PAIR_KEY: tuple[str, ...] = ("pairing", "persona_id", "conversation_index", "seed", "harness_level")

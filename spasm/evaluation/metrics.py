@@ -27,6 +27,9 @@ __all__ = [
     "JudgeEnsemble",
     "JudgeResult",
     "LLMUsage",
+    "LanguageFlag",
+    "LanguageMetrics",
+    "LanguageStat",
     "Metrics",
     "PairedComparison",
     "RealismMetrics",
@@ -313,6 +316,43 @@ class JudgeEnsemble(_Model):
     warnings: list[str] = Field(default_factory=list)
 
 
+class LanguageStat(_Model):
+    """Language compliance of one side over one group's dialogues."""
+
+    side: Literal["client", "responder"]
+    pairing: str
+    condition: str
+    n: int = Field(description="dialogues with a classified utterance on this side")
+    mean: float | None = Field(description="mean share of classified utterances in the expected language")
+    ci_low: float | None
+    ci_high: float | None
+    off_language: int = Field(description="utterances flagged as another language")
+
+
+class LanguageFlag(_Model):
+    """One utterance identified as another language than the persona's."""
+
+    dialogue_id: str
+    turn_index: int
+    speaker: str
+    expected: str
+    detected: str
+    probability: float
+    text: str
+
+
+class LanguageMetrics(_Model):
+    """Language compliance (an offline identifier on every utterance long enough)."""
+
+    identifier: str
+    min_letters: int
+    min_confidence: float
+    expected: list[str] = Field(description="the expected languages found (ISO 639-1)")
+    n_flagged: int
+    stats: list[LanguageStat]
+    flagged: list[LanguageFlag] = Field(description="up to 20, most confident first")
+
+
 class Metrics(_Model):
     """Everything ``spasm eval`` computes for one run directory."""
 
@@ -329,5 +369,6 @@ class Metrics(_Model):
     realism: RealismMetrics | None = Field(None, description="lexical diversity and diagnostics")
     consistency: ConsistencyMetrics | None = Field(None, description="persona consistency (--consistency)")
     judges: JudgeEnsemble | None = Field(None, description="per-judge results (--judge-backend)")
+    language: LanguageMetrics | None = Field(None, description="language compliance")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

@@ -52,6 +52,7 @@ from spasm.evaluation.embeddings import (
 )
 from spasm.evaluation.figures import write_figures
 from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
+from spasm.evaluation.language import language_scan
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
 from spasm.evaluation.loader import Conversation, RunData, load_run
 from spasm.evaluation.metrics import (
@@ -290,6 +291,11 @@ def _evaluate(
     realism, realism_cols = _realism(convs, reference)
     timings["realism"] = time.perf_counter() - t0
 
+    t0 = time.perf_counter()
+    language, language_cols = language_scan(convs, personas)
+    realism_cols = realism_cols.join(pd.DataFrame.from_dict(language_cols, orient="index"))
+    timings["language"] = time.perf_counter() - t0
+
     consistency_metrics: ConsistencyMetrics | None = None
     consistency_by_judge = None
     if consistency and llm is not None:
@@ -328,6 +334,7 @@ def _evaluate(
         realism=realism,
         consistency=consistency_metrics,
         judges=ensemble_metrics,
+        language=language,
         llm=llm.usage() if llm is not None else None,
         timings={},
     )

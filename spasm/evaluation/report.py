@@ -438,6 +438,32 @@ def _realism_html(metrics: Metrics) -> str:
     return f"<p class='meta'>{ref}</p>{table}<ul class='notes'>{defs}{notes}</ul>"
 
 
+def _language_html(metrics: Metrics) -> str:
+    g = metrics.language
+    if g is None:
+        return ""
+    table = _table(
+        ["side", "pairing", "condition", "dialogues", "compliance", "95% CI", "off-language utterances"],
+        [
+            [s.side, s.pairing, s.condition, s.n, s.mean, _ci(s.ci_low, s.ci_high), s.off_language]
+            for s in g.stats
+        ],
+    )
+    flagged = "".join(
+        f"<li><b>{html.escape(f.dialogue_id)}</b> utterance {f.turn_index} ({html.escape(f.speaker)}): "
+        f"{html.escape(f.detected)} ({f.probability:.2f}), expected {html.escape(f.expected)}"
+        f"<blockquote>{html.escape(f.text)}</blockquote></li>"
+        for f in g.flagged
+    )
+    return (
+        "<h2>Language compliance</h2>"
+        f"<p class='meta'>{html.escape(g.identifier)} on every utterance of at least {g.min_letters} "
+        f"letters; flagged when another language has probability ≥ {g.min_confidence:g}. "
+        f"Expected: {html.escape(', '.join(g.expected) or '—')}; {g.n_flagged} flagged.</p>"
+        f"{table}" + (f"<ul>{flagged}</ul>" if flagged else "")
+    )
+
+
 def _judges_html(metrics: Metrics) -> str:
     """Persona consistency and the judge ensemble, when they ran."""
     parts = []
@@ -731,6 +757,7 @@ def render_report(
 {_onset_html(m)}
 <h2>Realism: lexical diversity and diagnostics</h2>
 {_realism_html(m)}
+{_language_html(m)}
 {_judges_html(m)}
 <h2>Every metric, paired</h2>
 {fig("forest")}

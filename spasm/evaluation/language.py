@@ -1,0 +1,163 @@
+"""Language compliance: utterances written in another language than the persona's.
+
+Each utterance long enough to classify (at least :data:`MIN_LETTERS` letters) goes through an
+offline language identifier — ``py3langid``, the maintained fork of langid.py (Lui & Baldwin,
+2012), whose naive-Bayes model over byte n-grams ships inside the package (97 languages,
+numpy only, ~0.1 ms an utterance). It is **flagged** when the identified language is not the
+expected one with a normalised probability of at least :data:`MIN_CONFIDENCE`.
+
+The expected language is the persona's ``language`` field when the personas table has one
+(an ISO 639-1 code such as ``en``, a tag such as ``en-GB``, or an English name such as
+``Spanish``), else English. Per dialogue and side: ``language_compliance_<side>`` = share of
+the classified utterances that are not flagged, ``off_language_<side>`` = how many are.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spasm.errors import UserError
+from spasm.evaluation.echoing import quote
+from spasm.evaluation.loader import Conversation
+from spasm.evaluation.metrics import LanguageFlag, LanguageMetrics, LanguageStat
+from spasm.evaluation.stats import mean_ci
+from spasm.evaluation.summary import finite, group_key
+
+__all__ = [
+    "DEFAULT_LANGUAGE",
+    "MIN_CONFIDENCE",
+    "MIN_LETTERS",
+    "detect",
+    "expected_language",
+    "language_scan",
+]
+
+DEFAULT_LANGUAGE = "en"
+MIN_LETTERS = 20
+MIN_CONFIDENCE = 0.9
+EXAMPLES = 20
+SIDES = ("client", "responder")
+
+_NAMES = {
+    "english": "en", "spanish": "es", "french": "fr", "german": "de", "portuguese": "pt",
+    "italian": "it", "dutch": "nl", "japanese": "ja", "chinese": "zh", "mandarin": "zh",
+    "korean": "ko", "russian": "ru", "arabic": "ar", "hindi": "hi", "turkish": "tr",
+    "polish": "pl", "swedish": "sv", "danish": "da", "norwegian": "no", "finnish": "fi",
+    "greek": "el", "hebrew": "he", "czech": "cs", "hungarian": "hu", "romanian": "ro",
+    "ukrainian": "uk", "vietnamese": "vi", "thai": "th", "indonesian": "id", "malay": "ms",
+    "bengali": "bn", "urdu": "ur", "persian": "fa", "farsi": "fa", "tamil": "ta",
+    "catalan": "ca", "swahili": "sw", "tagalog": "tl", "filipino": "tl",
+}
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+@functools.lru_cache(maxsize=1)
+def _identifier() -> Any:
+    try:
+        from py3langid.langid import MODEL_FILE, LanguageIdentifier
+    except ImportError as exc:
+        raise UserError(
+            "Language compliance needs py3langid (part of the 'eval' extra): pip install 'spasm[eval]'."
+        ) from exc
+    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+
+def detect(text: str) -> tuple[str | None, float]:
+    """The language of ``text`` and its probability; ``(None, 0.0)`` when it is too short."""
+    if len(_LETTER.findall(text)) < MIN_LETTERS:
+        return None, 0.0
+    lang, prob = _identifier().classify(text)
+    return str(lang), float(prob)
+
+
+def expected_language(persona: Mapping[str, object] | None) -> str:
+    """The persona's language as an ISO 639-1 code (English when it has none)."""
+    raw = persona.get("language") if persona else None
+    if not isinstance(raw, str) or not raw.strip():
+        return DEFAULT_LANGUAGE
+    value = raw.strip().lower()
+    if value in _NAMES:
+        return _NAMES[value]
+    return re.split(r"[-_]", value, maxsplit=1)[0]
+
+
+@dataclass
+class _Side:
+    classified: int = 0
+    flagged: int = 0
+
+
+def language_scan(
+    conversations: Sequence[Conversation], personas: Mapping[str, Mapping[str, object]]
+) -> tuple[LanguageMetrics, dict[str, dict[str, object]]]:
+    """Flag off-language utterances; the metrics and each dialogue's columns."""
+    per_dialogue: dict[str, dict[str, object]] = {}
+    flags: list[LanguageFlag] = []
+    n_flagged = 0
+    for conv in conversations:
+        expected = expected_language(personas.get(conv.persona_id))
+        sides = {side: _Side() for side in SIDES}
+        for index, (speaker, text) in enumerate(zip(conv.speakers, conv.texts, strict=True)):
+            if speaker not in sides:
+                continue
+            lang, prob = detect(text)
+            if lang is None:
+                continue
+            sides[speaker].classified += 1
+            if lang != expected and prob >= MIN_CONFIDENCE:
+                sides[speaker].flagged += 1
+                n_flagged += 1
+                flags.append(
+                    LanguageFlag(
+                        dialogue_id=conv.dialogue_id, turn_index=index, speaker=speaker,
+                        expected=expected, detected=lang, probability=round(prob, 4), text=quote(text),
+                    )
+                )
+        row: dict[str, object] = {"language_expected": expected}
+        for side, s in sides.items():
+            row[f"language_compliance_{side}"] = 1 - s.flagged / s.classified if s.classified else None
+            row[f"off_language_{side}"] = s.flagged
+        per_dialogue[conv.dialogue_id] = row
+    flags.sort(key=lambda f: -f.probability)
+    return (
+        LanguageMetrics(
+            identifier="py3langid",
+            min_letters=MIN_LETTERS,
+            min_confidence=MIN_CONFIDENCE,
+            expected=sorted({str(r["language_expected"]) for r in per_dialogue.values()}),
+            n_flagged=n_flagged,
+            stats=_stats(conversations, per_dialogue),
+            flagged=flags[:EXAMPLES],
+        ),
+        per_dialogue,
+    )
+
+
+def _stats(
+    conversations: Sequence[Conversation], per_dialogue: Mapping[str, Mapping[str, object]]
+) -> list[LanguageStat]:
+    groups: dict[tuple[str, str], list[Conversation]] = {}
+    for c in conversations:
+        groups.setdefault((c.pairing, c.condition), []).append(c)
+    scopes = [(("all", "all"), list(conversations)), *sorted(groups.items(), key=group_key)]
+    out = []
+    for (pairing, condition), members in scopes:
+        for side in SIDES:
+            values = [
+                float(v)
+                for c in members
+                if isinstance(v := per_dialogue[c.dialogue_id][f"language_compliance_{side}"], float | int)
+            ]
+            mean, low, high, n = mean_ci(values)
+            off = sum(int(per_dialogue[c.dialogue_id][f"off_language_{side}"]) for c in members)  # type: ignore[call-overload]
+            out.append(
+                LanguageStat(
+                    side=side, pairing=pairing, condition=condition, n=n, mean=finite(mean),
+                    ci_low=finite(low), ci_high=finite(high), off_language=off,
+                )
+            )
+    return out
