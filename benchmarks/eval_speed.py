@@ -9,7 +9,8 @@ pass shows the cached cost.
 
 ``--offline-only`` times only what needs no embedding model — lexical diversity (MATTR, Yule's
 K, HD-D) per side, the Client diagnostics, their z-scores against a reference (the run itself),
-the rule's echoing onset and the paired comparison of every metric — so the SPASM corpus size
+language compliance, the rule's echoing onset and the paired comparison of every metric — so
+the SPASM corpus size
 (45,000 dialogues) can be measured in minutes:
 
     .venv/bin/python benchmarks/eval_speed.py [--dialogues 5000] [--personas 200] [--keep DIR]
@@ -42,6 +43,7 @@ def offline_only(run_dir: Path) -> None:
 
     from spasm.evaluation.compare import compare_conditions
     from spasm.evaluation.echoing import rule_echoing
+    from spasm.evaluation.language import language_scan
     from spasm.evaluation.loader import load_run
     from spasm.evaluation.onset import onset_curves, onset_turn
     from spasm.evaluation.realism import realism_frame, realism_metrics, reference_stats, z_scores
@@ -62,6 +64,10 @@ def offline_only(run_dir: Path) -> None:
     t0 = time.perf_counter()
     realism_metrics(frame, convs)
     timings["realism aggregate"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    language_scan(convs, data.persona_rows())
+    timings["language"] = time.perf_counter() - t0
 
     # The rule needs an embedding per utterance for its mirror signal; orthogonal stand-ins
     # cost nothing, so this times the copy/cue signals and the onset alone.
