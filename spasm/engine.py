@@ -417,90 +417,8 @@ class Engine:
         caller: Caller,
         summary: RunSummary,
     ) -> None:
-        pending: list[DialogueResult] = []
-        write_lock = anyio.Lock()
-        batch_no = len(list(self.store.commits.glob("*")))
-        bar = tqdm(
-            total=summary.planned, initial=summary.completed, unit="dlg", desc="dialogues",
-            disable={True: False, False: True, None: None}[self.progress],
-            dynamic_ncols=True,
-        )
-        # Without a terminal (a scheduler's log file) the bar is off: print a line now and then.
-        lines = progress_lines(enabled=self.progress is None and not sys.stderr.isatty())
-
-        last_flush = [time.monotonic()]
-
-        async def flush() -> None:
-            nonlocal batch_no
-            async with write_lock:
-                if not pending:
-                    return
-                batch = pending[:]
-                pending.clear()
-                last_flush[0] = time.monotonic()
-                batch_no += 1
-                tables: dict[str, list[Any]] = {
-                    "turns": [t for r in batch for t in r.turns],
-                    "calls": [c for r in batch for c in r.calls],
-                    "errors": [r.error for r in batch if r.error is not None],
-                    "dialogues": [r.dialogue for r in batch if r.dialogue is not None],
-                }
-                name = f"{batch_no:06d}-{datetime.now(UTC).strftime('%H%M%S%f')}"
-                await anyio.to_thread.run_sync(self.store.write_batch, name, tables)
-                self._manifest(summary, caller, "running", self._started)  # live progress
-
-        send, receive = anyio.create_memory_object_stream[DialogueSpec](0)
-
-        async def producer() -> None:
-            async with send:
-                for spec in todo:
-                    try:
-                        await send.send(spec)
-                    except anyio.BrokenResourceError:
-                        return  # every worker has stopped (a budget stop): nothing takes more
-
-        async def worker(specs: Any) -> None:
-            async with specs:
-                async for spec in specs:
-                    result: DialogueResult = await self._simulate(spec, self.config, caller)
-                    pending.append(result)
-                    if summary.add(result):
-                        bar.update(1)
-                    lines.tick(summary, caller)
-                    stop = caller.stop_reason  # a server refusing the format or every call
-                    if stop is not None:
-                        summary.failed = str(stop)
-                        raise stop
-                    bar.set_postfix(
-                        tokens=f"{caller.usage.total_tokens:,}",
-                        cost=f"{caller.usage.cost:.4f}",
-                        errors=summary.errors,
-                        refresh=False,
-                    )
-                    # A full batch, or a slow run's finished dialogues after FLUSH_AFTER_S: work
-                    # is committed steadily even when dialogues take minutes (embedded model).
-                    if len(pending) >= self.config.engine.flush_every or (
-                            pending and time.monotonic() - last_flush[0] >= FLUSH_AFTER_S):
-                        await flush()
-
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(producer)
-                for _ in range(min(self.dialogues_in_flight(backends), max(1, len(todo)))):
-                    tg.start_soon(worker, receive.clone())
-                receive.close()
-        except BudgetExceededError as exc:
-            summary.stopped = str(exc)
-        except BaseExceptionGroup as group:
-            budget, rest = group.split(BudgetExceededError)
-            if rest is not None:
-                raise (caller.stop_reason or rest) from None
-            assert budget is not None
-            summary.stopped = str(budget.exceptions[0])
-        finally:
-            with anyio.CancelScope(shield=True):
-                await flush()
-            bar.close()
+        workers = min(self.dialogues_in_flight(backends), max(1, len(todo)))
+        await _Scheduler(self, caller, summary).run(todo, workers)
 
     # -- dry run ---------------------------------------------------------------------------
     async def dry_run(self, pilot: int = 0) -> DryRun:
@@ -570,3 +488,102 @@ class Engine:
             )
         finally:
             bar.close()
+
+
+class _Scheduler:
+    """One pass's dialogues in flight: ``workers`` tasks take planned dialogues one at a time,
+    their results are committed in batches (full, or after :data:`FLUSH_AFTER_S`), the bar
+    and the progress lines follow, and a stop (budget, a refusing server) ends the pass with
+    everything finished committed."""
+
+    def __init__(self, engine: Engine, caller: Caller, summary: RunSummary) -> None:
+        self.engine = engine
+        self.caller = caller
+        self.summary = summary
+        self.pending: list[DialogueResult] = []
+        self.write_lock = anyio.Lock()
+        self.batch_no = len(list(engine.store.commits.glob("*")))
+        self.last_flush = time.monotonic()
+        self.bar = tqdm(
+            total=summary.planned, initial=summary.completed, unit="dlg", desc="dialogues",
+            disable={True: False, False: True, None: None}[engine.progress],
+            dynamic_ncols=True,
+        )
+        # Without a terminal (a scheduler's log file) the bar is off: print a line now and then.
+        self.lines = progress_lines(enabled=engine.progress is None and not sys.stderr.isatty())
+
+    async def flush(self) -> None:
+        """Commit the finished dialogues not yet committed, as one batch."""
+        async with self.write_lock:
+            if not self.pending:
+                return
+            batch = self.pending[:]
+            self.pending.clear()
+            self.last_flush = time.monotonic()
+            self.batch_no += 1
+            tables: dict[str, list[Any]] = {
+                "turns": [t for r in batch for t in r.turns],
+                "calls": [c for r in batch for c in r.calls],
+                "errors": [r.error for r in batch if r.error is not None],
+                "dialogues": [r.dialogue for r in batch if r.dialogue is not None],
+            }
+            name = f"{self.batch_no:06d}-{datetime.now(UTC).strftime('%H%M%S%f')}"
+            engine = self.engine
+            await anyio.to_thread.run_sync(engine.store.write_batch, name, tables)
+            engine._manifest(self.summary, self.caller, "running", engine._started)  # live
+
+    async def _produce(self, send: Any, todo: list[DialogueSpec]) -> None:
+        async with send:
+            for spec in todo:
+                try:
+                    await send.send(spec)
+                except anyio.BrokenResourceError:
+                    return  # every worker has stopped (a budget stop): nothing takes more
+
+    async def _work(self, specs: Any) -> None:
+        engine, caller, summary = self.engine, self.caller, self.summary
+        async with specs:
+            async for spec in specs:
+                result: DialogueResult = await engine._simulate(spec, engine.config, caller)
+                self.pending.append(result)
+                if summary.add(result):
+                    self.bar.update(1)
+                self.lines.tick(summary, caller)
+                stop = caller.stop_reason  # a server refusing the format or every call
+                if stop is not None:
+                    summary.failed = str(stop)
+                    raise stop
+                self.bar.set_postfix(
+                    tokens=f"{caller.usage.total_tokens:,}",
+                    cost=f"{caller.usage.cost:.4f}",
+                    errors=summary.errors,
+                    refresh=False,
+                )
+                # A full batch, or a slow run's finished dialogues after FLUSH_AFTER_S: work
+                # is committed steadily even when dialogues take minutes (embedded model).
+                if len(self.pending) >= engine.config.engine.flush_every or (
+                        self.pending and time.monotonic() - self.last_flush >= FLUSH_AFTER_S):
+                    await self.flush()
+
+    async def run(self, todo: list[DialogueSpec], workers: int) -> None:
+        """Run ``todo`` with ``workers`` dialogues in flight; a budget stop is recorded in the
+        summary, any other stop raised, and what finished is committed either way."""
+        send, receive = anyio.create_memory_object_stream[DialogueSpec](0)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._produce, send, todo)
+                for _ in range(workers):
+                    tg.start_soon(self._work, receive.clone())
+                receive.close()
+        except BudgetExceededError as exc:
+            self.summary.stopped = str(exc)
+        except BaseExceptionGroup as group:
+            budget, rest = group.split(BudgetExceededError)
+            if rest is not None:
+                raise (self.caller.stop_reason or rest) from None
+            assert budget is not None
+            self.summary.stopped = str(budget.exceptions[0])
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.flush()
+            self.bar.close()
