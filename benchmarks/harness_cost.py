@@ -6,7 +6,7 @@ For each length L (utterances) it runs one sweep ``harness.levels: [A, E]`` thro
 drafts, ``--after-rewrite`` of the turns after one rewrite, flags the rest; everything else is
 the server's default reply). Termination rules are off, so every dialogue has exactly L
 utterances; the same personas and seeds run at both levels. It then reads the run's
-``harness_report.json`` (:func:`spasm.harness.report.level_report`) and prints, per L, E's
+``harness_report.json`` (:func:`spasm.harness.level_report.level_report`) and prints, per L, E's
 ratio of summed tokens to A's (raw: prompt + completion tokens the server reported; measurement
 and one-off policy calls excluded) and the cache-adjusted ratio (cached prompt tokens billed at
 ``1 - --cache-discount``), with the checker outcomes and calls per role::
@@ -42,7 +42,7 @@ import pandas as pd
 
 from spasm.config import parse_config
 from spasm.engine import Engine
-from spasm.harness.report import level_report
+from spasm.harness.level_report import level_report
 from spasm.testing import TestServer
 from spasm.testing.checker_profile import CheckerProfile
 from spasm.testing.usage import Usage

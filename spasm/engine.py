@@ -41,9 +41,9 @@ from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_
 from spasm.finish import complete_run
 from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas
 from spasm.personas import load_schema
+from spasm.run_summary import RunSummary, manifest_record, progress_lines
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
 from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
-from spasm.summary import RunSummary, manifest_record, progress_lines
 
 __all__ = ["TABLES", "Engine", "RunSummary", "config_differences", "make_backends", "plan"]
 

@@ -33,7 +33,7 @@ def write_reports(run_dir: Path, harness: HarnessConfig | None = None) -> None:
     harness = harness if harness is not None else _stored_harness(run_dir)
     if harness is None or not harness.active or not (run_dir / "dialogues.parquet").exists():
         return
-    from spasm.harness.report import level_report
+    from spasm.harness.level_report import level_report
 
     level_report(run_dir)
 

@@ -43,7 +43,7 @@ from spasm.dataset.rows import (
 )
 from spasm.errors import FormatError
 from spasm.harness.checker import CheckerOutput, DimensionScores, screened_verdict, verdict_from
-from spasm.harness.report import level_report
+from spasm.harness.level_report import level_report
 from spasm.harness.state import Change, StateUpdate, apply_update, initial_client_state
 from spasm.harness.verify import verify
 from spasm.viewer.charts import harness_charts

@@ -14,7 +14,7 @@ import pytest
 from spasm.dataset import open_run
 from spasm.engine import Engine
 from spasm.harness.cli import register
-from spasm.harness.report import level_report
+from spasm.harness.level_report import level_report
 from spasm.projection import messages_digest
 from spasm.testing import TestServer
 from tests.conftest import config_from, endpoint_config

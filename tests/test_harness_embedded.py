@@ -18,7 +18,7 @@ import pytest
 
 from spasm.config import parse_config
 from spasm.engine import Engine
-from spasm.harness.report import level_report
+from spasm.harness.level_report import level_report
 
 
 @pytest.mark.slow

@@ -17,9 +17,9 @@ from spasm.config import parse_config
 from spasm.dataset.columns import Probe, load_probes
 from spasm.engine import Engine
 from spasm.errors import UserError
-from spasm.harness.metrics import DEFINITIONS, MEASUREMENT_ROLES, ONE_OFF_ROLES, adjusted_tokens
+from spasm.harness.level_metrics import DEFINITIONS, MEASUREMENT_ROLES, ONE_OFF_ROLES, adjusted_tokens
+from spasm.harness.level_report import level_report
 from spasm.harness.probe import PROBE_QUESTION, probe_question, probe_targets
-from spasm.harness.report import level_report
 from spasm.projection import Viewer
 from spasm.testing import TestServer
 from spasm.testing.checker_profile import CheckerProfile

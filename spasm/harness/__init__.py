@@ -1,22 +1,25 @@
 """The Persona Harness around each agent (SPEC §4), one module per layer.
 
-==============  =====================================================================
-Module          Layer
-==============  =====================================================================
-``policy``      identity as policy: the card compiled into a :class:`CharacterPolicy`
-``state``       state as data: :class:`AgentState` and the constrained reducer
-``context``     structured context of older turns, intent and dialogue acts
-``retrieval``   in-character example retrieval (lexical pre-filter, weighted re-rank)
-``prompt``      the orchestrated prompt, stable parts first
-``checker``     verify and rewrite
-``levels``      the A–E ablation: each level a list of layers
-``profile``     who an agent is to its harness; its resolved policy
-``verify``      the check-and-rewrite loop at run time
-``runtime``     :class:`HarnessedAgent`: a plain agent in the layers of its level
-``measure``     measurements outside the agent: the audit and the recall probe
-``probe``       the long-range fact-recall probe's question and score
-``report``      the per-level report (:func:`spasm.harness.report.level_report`)
-==============  =====================================================================
+==================  =====================================================================
+Module              Layer
+==================  =====================================================================
+``policy``          identity as policy: the card compiled into a :class:`CharacterPolicy`
+``state``           state as data: :class:`AgentState` and the constrained reducer
+``context``         structured context of older turns, intent and dialogue acts
+``retrieval``       in-character example retrieval (lexical pre-filter, weighted re-rank)
+``prompt``          the orchestrated prompt, stable parts first
+``checker``         verify and rewrite
+``levels``          the A–E ablation: each level a list of layers
+``profile``         who an agent is to its harness; its resolved policy
+``verify``          the check-and-rewrite loop at run time
+``runtime``         :class:`HarnessedAgent`: a plain agent in the layers of its level
+``measure``         measurements outside the agent: the audit and the recall probe
+``probe``           the long-range fact-recall probe's question and score
+``notes``           what the harness adds to a turn (:class:`~spasm.harness.notes.HarnessNotes`)
+``factory``         the one place that chooses plain, harnessed or audited agents
+``level_metrics``   the per-level metrics the report computes
+``level_report``    the per-level report (:func:`spasm.harness.level_report.level_report`)
+==================  =====================================================================
 """
 
 from __future__ import annotations

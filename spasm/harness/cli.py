@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def cmd_harness_report(args: argparse.Namespace) -> int:
     """Write the report and print its Markdown."""
-    from spasm.harness.report import level_report
+    from spasm.harness.level_report import level_report
 
     if not 0 <= args.cache_discount <= 1:
         raise UserError("--cache-discount is a share between 0 and 1")

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from spasm.errors import UserError
 from spasm.viewer import routes
 from spasm.viewer.security import LOOPBACK_HOSTS, Guard
-from spasm.viewer.state import NotFound, Viewer
+from spasm.viewer.state import NotFound, ViewerState
 
 __all__ = ["create_app"]
 
@@ -37,7 +37,7 @@ def create_app(run_dir: str | Path, *, token: str | None = None, loopback: bool 
     ``token``: every request must carry it (required when not ``loopback``)."""
     if not loopback and not token:
         raise UserError("A viewer reachable from other machines needs a token (--token).")
-    viewer = Viewer(run_dir)
+    viewer = ViewerState(run_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -1,5 +1,5 @@
 """The viewer's pages and its one write (see :mod:`spasm.viewer.app` for the route table), over
-the shared :class:`~spasm.viewer.state.Viewer`.
+the shared :class:`~spasm.viewer.state.ViewerState`.
 
 Handlers are plain functions: FastAPI runs them in its thread pool, where the blocking DuckDB
 queries belong.
@@ -17,17 +17,17 @@ from spasm.errors import UserError
 from spasm.viewer import pages
 from spasm.viewer.annotations import LabelIn, RunBusy
 from spasm.viewer.charts import harness_charts
-from spasm.viewer.state import NotFound, Viewer, eval_report, json_response, static_file, valid_id
+from spasm.viewer.state import NotFound, ViewerState, eval_report, json_response, static_file, valid_id
 
 __all__ = ["add_routes"]
 
 
-def _labels_json(viewer: Viewer, dialogue_id: str) -> dict[str, Any]:
+def _labels_json(viewer: ViewerState, dialogue_id: str) -> dict[str, Any]:
     return {"dialogue_id": dialogue_id, "labels": viewer.book.labels(dialogue_id),
             "history": viewer.book.history_count(dialogue_id)}
 
 
-def add_routes(app: FastAPI, viewer: Viewer) -> None:
+def add_routes(app: FastAPI, viewer: ViewerState) -> None:
     """Register every route of the viewer on ``app``."""
 
     @app.get("/")

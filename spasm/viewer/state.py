@@ -1,4 +1,4 @@
-"""What the viewer's app and its routes share: the :class:`Viewer` state (the run's index, its
+"""What the viewer's app and its routes share: the :class:`ViewerState` state (the run's index, its
 labels, the templates), the not-found error and the response helpers.
 
 A leaf under :mod:`spasm.viewer.app` (which builds the app) and :mod:`spasm.viewer.routes`
@@ -25,7 +25,7 @@ from spasm.viewer.listing import SORTS, ListQuery
 from spasm.viewer.queries import RunIndex
 from spasm.viewer.security import REPORT_CSP
 
-__all__ = ["ANNOTATOR_COOKIE", "NotFound", "Viewer", "eval_report", "json_response", "static_file",
+__all__ = ["ANNOTATOR_COOKIE", "NotFound", "ViewerState", "eval_report", "json_response", "static_file",
            "valid_id"]
 
 _STATIC = {"viewer.css": "text/css; charset=utf-8", "viewer.js": "text/javascript; charset=utf-8"}
@@ -51,7 +51,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-class Viewer:
+class ViewerState:
     """The state behind the app: the run's index, its labels and the templates."""
 
     def __init__(self, run_dir: str | Path) -> None:

@@ -2,7 +2,7 @@
 
 :func:`level_report` reads a run directory and writes ``harness_report.json`` and
 ``harness_report.md`` into it. Per harness level, ``metrics`` holds every metric of the
-design's evaluation with a 95% bootstrap interval over dialogues (:mod:`spasm.harness.metrics`
+design's evaluation with a 95% bootstrap interval over dialogues (:mod:`spasm.harness.level_metrics`
 defines them): boundary-violation rate, decision consistency in similar situations, state
 continuity (jumps, clips, step violations), style similarity to the persona's policy and
 first-vs-second-half style consistency, long-range fact recall (pooled, out of the window, and
@@ -34,7 +34,7 @@ from spasm.dataset import open_run
 from spasm.dataset.columns import CheckerVerdict, load_probes, load_state, load_verdict
 from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
-from spasm.harness.metrics import (
+from spasm.harness.level_metrics import (
     DEFINITIONS,
     MEASUREMENT_ROLES,
     ONE_OFF_ROLES,
