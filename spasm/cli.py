@@ -37,7 +37,8 @@ def _add_generate(sub: Any) -> None:
     p.add_argument("--out", type=Path, help="run directory (default: runs/<config name>)")
     p.add_argument("--personas", type=int, metavar="N", help="number of personas")
     p.add_argument("--conversations-per-persona", type=int, metavar="K")
-    p.add_argument("--condition", choices=["ecp", "concat", "both"])
+    p.add_argument("--condition", choices=["ecp", "concat", "quoted", "both", "all"],
+                   help="both: ecp and concat; all: ecp, concat and quoted")
     p.add_argument("--seed", type=int)
     p.add_argument("--name", help="run name (default from the config)")
     q = p.add_argument_group("quick start: one OpenAI-compatible endpoint for every role")
@@ -154,7 +155,8 @@ def resolve_config(args: argparse.Namespace) -> Any:
     if args.conversations_per_persona is not None:
         data["conversations_per_persona"] = args.conversations_per_persona
     if args.condition:
-        data["conditions"] = ["ecp", "concat"] if args.condition == "both" else [args.condition]
+        data["conditions"] = {"both": ["ecp", "concat"], "all": ["ecp", "concat", "quoted"]}.get(
+            args.condition, [args.condition])
     if args.seed is not None:
         data["seed"] = args.seed
     if args.name:

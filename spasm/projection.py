@@ -1,7 +1,7 @@
 """The projection operator Ψ (SPEC §3): history + viewer → the chat messages that viewer sees.
 
-Projections are pure functions registered by name; ``ecp`` and ``concat`` ship with spasm and
-others can be added with :func:`register_projection`.
+Projections are pure functions registered by name; ``ecp``, ``concat`` and ``quoted`` ship with
+spasm and others can be added with :func:`register_projection`.
 
 * ``ecp`` (Egocentric Context Projection): the viewer's own turns become ``assistant`` messages
   and the partner's ``user`` messages, after the viewer's system prompt. The two agents see
@@ -11,6 +11,12 @@ others can be added with :func:`register_projection`.
 * ``concat`` (the SPASM baseline): both viewers get the same neutral transcript with absolute
   labels ("Client: …", "Responder: …") in one ``user`` message, followed by an instruction to
   continue as their role.
+* ``quoted`` (egocentric labels without chat roles): the history as one quoted transcript in a
+  ``user`` message, labelled from the viewer's side — "You: …" for the viewer's own turns, "The
+  <responder role>: …" for the Responder's as the Client sees them, "The person: …" for the
+  Client's as the Responder sees them — then the instruction to write the next message. With
+  ``ecp`` (egocentric, chat roles) and ``concat`` (absolute labels, one transcript) it separates
+  which half of ECP changes the agents' behaviour.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ class Viewer:
         "Continue the conversation as the {label}. Write only the {label}'s next message, "
         "without the '{label}:' prefix."
     )
+    #: The Responder's role (``dialogue.responder_role``): the Client's label for its partner
+    #: under ``quoted`` ("The customer-service agent"); ``None``: "The other person".
+    responder_role: str | None = None
 
 
 def messages_digest(messages: list[Message]) -> str:
@@ -109,6 +118,48 @@ def concat(history: History, viewer: Viewer) -> list[Message]:
         body = f"{viewer.opening}\n\n{instruction}"
     else:
         body = f"Conversation so far:\n{transcript(history)}\n\n{instruction}"
+    return [
+        {"role": "system", "content": viewer.system_prompt},
+        {"role": "user", "content": body},
+    ]
+
+
+#: ``quoted``: the viewer's own label, and the Client's label as the Responder sees it.
+QUOTED_SELF = "You"
+QUOTED_CLIENT = "The person"
+QUOTED_HEADER = 'The conversation so far, quoted ("You" is you):'
+QUOTED_INSTRUCTION = (
+    "Write your next message in this conversation. Write only the message itself, without a "
+    "label or quotation marks."
+)
+
+
+def quoted_labels(viewer: Viewer) -> dict[Speaker, str]:
+    """The labels ``quoted`` gives each speaker, from ``viewer``'s side."""
+    if viewer.speaker == "client":
+        partner = f"The {viewer.responder_role}" if viewer.responder_role else "The other person"
+        return {"client": QUOTED_SELF, "responder": partner}
+    return {"client": QUOTED_CLIENT, "responder": QUOTED_SELF}
+
+
+def quoted_transcript(history: History, viewer: Viewer) -> str:
+    """The history as quoted lines (``> ``, continuation lines too) with the viewer's labels."""
+    labels = quoted_labels(viewer)
+    lines = []
+    for u in history:
+        text = f"{labels[u.speaker]}: {u.content}"
+        lines.append("\n".join(f"> {line}" if line else ">" for line in text.split("\n")))
+    return "\n".join(lines)
+
+
+@register_projection("quoted")
+def quoted(history: History, viewer: Viewer) -> list[Message]:
+    """The history as one transcript quoted in a ``user`` message, labelled from the viewer's
+    side ("You: …", "The <partner>: …"), then 'write your next message'."""
+    if len(history) == 0:
+        body = f"{viewer.opening}\n\n{QUOTED_INSTRUCTION}"
+    else:
+        body = f"{QUOTED_HEADER}\n\n{quoted_transcript(history, viewer)}\n\n{QUOTED_INSTRUCTION}"
     return [
         {"role": "system", "content": viewer.system_prompt},
         {"role": "user", "content": body},

@@ -63,5 +63,6 @@ BACKENDS: Registry[Callable[..., object]] = Registry(
 )
 #: Projections Ψ by condition name (:mod:`spasm.projection`).
 PROJECTIONS: Registry[Callable[..., object]] = Registry(
-    "projection", {"ecp": "spasm.projection", "concat": "spasm.projection"}
+    "projection",
+    {"ecp": "spasm.projection", "concat": "spasm.projection", "quoted": "spasm.projection"},
 )

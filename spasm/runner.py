@@ -62,7 +62,8 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
         PlainAgent(
             speaker="client",
             backend=spec.pairing.client,
-            viewer=Viewer("client", client_system_prompt(spec.persona["card"], d.responder_role)),
+            viewer=Viewer("client", client_system_prompt(spec.persona["card"], d.responder_role),
+                          responder_role=d.responder_role),
             temperature=config.backends[spec.pairing.client].temperatures.client,
             max_tokens=d.max_tokens,
         ),
@@ -70,7 +71,8 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
             speaker="responder",
             backend=spec.pairing.responder,
             viewer=Viewer(
-                "responder", responder_system_prompt(d.responder_role, d.responder_instructions)
+                "responder", responder_system_prompt(d.responder_role, d.responder_instructions),
+                responder_role=d.responder_role,
             ),
             temperature=config.backends[spec.pairing.responder].temperatures.responder,
             max_tokens=d.max_tokens,

@@ -66,7 +66,7 @@ def test_paired_contrast_of_a_known_set() -> None:
     c = compare_conditions(_frame())
     assert c.baseline == "ecp" and c.conditions == ["ecp", "concat", "quoted"]
     assert c.metrics == ["drift_utterance", "mattr_client"]
-    by = {(x.condition, x.metric): x for x in c.contrasts}
+    by = {(x.condition, x.metric): x for x in c.contrasts if x.baseline == "ecp"}
     d = by[("concat", "drift_utterance")]
     assert d.n_pairs == 3 and d.delta == pytest.approx(4 / 3)
     # sd of (1, 1, 2) = sqrt(1/3), so d_z = (4/3) / sqrt(1/3) and t = d_z * sqrt(3) = 4;
@@ -80,6 +80,12 @@ def test_paired_contrast_of_a_known_set() -> None:
     # QUOTED pairs only on the two keys it shares with ECP (seed 99 has no twin).
     q = by[("quoted", "drift_utterance")]
     assert q.n_pairs == 2 and q.delta == 0.0 and q.note
+    # Every pair is reported: CONCAT − QUOTED too (on the same two keys: 0−1, 1−2).
+    assert [(x.baseline, x.condition) for x in c.contrasts if x.metric == "drift_utterance"] == [
+        ("ecp", "concat"), ("ecp", "quoted"), ("concat", "quoted")]
+    cq = next(x for x in c.contrasts if (x.baseline, x.condition, x.metric)
+              == ("concat", "quoted", "drift_utterance"))
+    assert cq.n_pairs == 2 and cq.delta == pytest.approx(-1.0)
     means = {(m.metric, m.condition): m.mean for m in c.means}
     assert means[("drift_utterance", "quoted")] == pytest.approx(1.0)
 

@@ -67,7 +67,9 @@ def seen_messages(
             history = history.append(t["speaker"], t["text"])
         speaker = turn["speaker"]
         prompt = dialogue.get(f"{speaker}_system_prompt") or ""
-        messages = project(history, Viewer(speaker, str(prompt)), str(dialogue["condition"]))
+        role = dialogue.get("responder_role")
+        viewer = Viewer(speaker, str(prompt), responder_role=str(role) if role else None)
+        messages = project(history, viewer, str(dialogue["condition"]))
     digest = turn.get("messages_sha256")
     verified = None if not digest else messages_digest(messages) == digest
     return SeenMessages(messages, verified)

@@ -1,10 +1,12 @@
 """``spasm compare``: every metric per condition, paired by persona and seed.
 
 :func:`compare_conditions` reads the per-dialogue metrics (``per_dialogue.parquet``) and,
-for every condition against a baseline (ECP when the run has it), pairs dialogues on
-(pairing, persona_id, conversation_index, seed, harness_level) — several dialogues of one
-condition under one key are averaged first — and reports per metric: Δ = mean(baseline −
-condition) with its 95% t-interval, the paired Cohen's d_z with an approximate 95% interval,
+for every pair of conditions (the baseline — ECP when the run has it — against each other
+condition first, then each remaining pair in order: ``ecp − concat``, ``ecp − quoted``,
+``concat − quoted``), pairs dialogues on (pairing, persona_id, conversation_index, seed,
+harness_level, and scenario_id in a run with scenarios) — several dialogues of one condition
+under one key are averaged first — and reports per metric: Δ = mean(first − second) with its
+95% t-interval, the paired Cohen's d_z with an approximate 95% interval,
 the paired t-test and Wilcoxon p-values, and the t-test p-value Holm-corrected across the
 metrics of that contrast (and pairing). :func:`comparison_text` prints it with the older
 ECP-vs-CONCAT drift and per-pairing tables.
@@ -55,9 +57,12 @@ COMPARED_METRICS: tuple[str, ...] = (
     "consistency_line_to_line",
     "language_compliance_client",
     "language_compliance_responder",
+    "goal_met",
 )
 #: Dialogues of two conditions are the same "experiment" when these agree.
-PAIR_KEY: tuple[str, ...] = ("pairing", "persona_id", "conversation_index", "seed", "harness_level")
+PAIR_KEY: tuple[str, ...] = (
+    "pairing", "persona_id", "conversation_index", "seed", "harness_level", "scenario_id",
+)
 
 
 class _Model(BaseModel):
@@ -76,7 +81,8 @@ class ConditionMean(_Model):
 
 
 class Contrast(_Model):
-    """One metric, baseline vs one condition, paired; Δ = baseline − condition."""
+    """One metric, one condition (``baseline``: the pair's first) vs another, paired;
+    Δ = baseline − condition."""
 
     metric: str
     baseline: str
@@ -137,7 +143,7 @@ def _finite(x: object) -> float | None:
 
 
 def _ordered(conditions: Sequence[str]) -> list[str]:
-    return sorted(set(conditions), key=lambda c: ({"ecp": 0, "concat": 1}.get(c, 2), c))
+    return sorted(set(conditions), key=lambda c: ({"ecp": 0, "concat": 1, "quoted": 2}.get(c, 3), c))
 
 
 def _groups(metrics: Metrics | None) -> list[GroupLevel]:
@@ -170,7 +176,8 @@ def compare_conditions(
     baseline: str | None = None,
     run_dir: str | Path = "",
 ) -> Comparison:
-    """Every metric of ``per_dialogue`` per condition, and paired against ``baseline``.
+    """Every metric of ``per_dialogue`` per condition, and paired for every pair of conditions
+    (``baseline`` against each other one first, then the remaining pairs in order).
 
     Args:
         per_dialogue: the evaluation's per-dialogue frame (``per_dialogue.parquet``).
@@ -195,7 +202,7 @@ def compare_conditions(
     for m in names:
         frame[m] = pd.to_numeric(frame[m].astype(float), errors="coerce")
     names = [m for m in names if np.isfinite(frame[m].to_numpy(dtype=float)).any()]
-    key = [k for k in PAIR_KEY if k in frame]
+    key = [k for k in PAIR_KEY if k in frame and (k != "scenario_id" or frame[k].notna().any())]
     notes: list[str] = []
     if "seed" not in frame:
         notes.append("per_dialogue.parquet has no seed column (an older evaluation): paired without it.")
@@ -218,6 +225,8 @@ def compare_conditions(
 
     contrasts: list[Contrast] = []
     others = [c for c in conditions if c != base]
+    ordered = [base, *others] if base is not None else []
+    pairs = [(a, b) for i, a in enumerate(ordered) for b in ordered[i + 1 :]]
     if base is None or not others:
         notes.append(
             "Only one condition (" + (base or "none") + ") in the run: nothing to pair. Generate the "
@@ -226,11 +235,11 @@ def compare_conditions(
     pairings = sorted(frame["pairing"].astype(str).unique()) if "pairing" in frame else []
     scopes = ["all", *pairings] if len(pairings) > 1 else ["all"]
     cells = frame.groupby([*key, "condition"], dropna=False)[names].mean() if names and key else None
-    for cond in others:
+    for first, cond in pairs:
         for scope in scopes:
             family: list[Contrast] = []
             for m in names:
-                a, b = _paired(cells, key, base or "", cond, m, scope)
+                a, b = _paired(cells, key, first, cond, m, scope)
                 res = paired_test(a, b)
                 n_pairs = int(res["n_pairs"] or 0)
                 dz = _finite(res["cohen_d"])
@@ -238,7 +247,7 @@ def compare_conditions(
                 family.append(
                     Contrast(
                         metric=m,
-                        baseline=base or "",
+                        baseline=first,
                         condition=cond,
                         pairing=scope,
                         n_pairs=n_pairs,
@@ -262,8 +271,8 @@ def compare_conditions(
                 c.significant = p is not None and p < ALPHA
             if all(c.n_pairs == 0 for c in family) and scope == "all":
                 notes.append(
-                    f"No {cond} dialogue has a {base} twin with the same {', '.join(key)}: "
-                    f"{base} vs {cond} cannot be paired."
+                    f"No {cond} dialogue has a {first} twin with the same {', '.join(key)}: "
+                    f"{first} vs {cond} cannot be paired."
                 )
             contrasts.extend(family)
     return Comparison(

@@ -77,7 +77,7 @@ def references(mode: Literal["cheap", "probe"]) -> dict[str, str]:
 
 
 _DIM_RANK = {UTTERANCE_DIMENSION: 0, **{d: i + 1 for i, d in enumerate(PERSONA_DIMENSIONS)}}
-_CONDITION_RANK = {"ecp": 0, "concat": 1}
+_CONDITION_RANK = {"ecp": 0, "concat": 1, "quoted": 2}
 
 
 def _order(key: tuple[object, ...]) -> tuple[object, ...]:

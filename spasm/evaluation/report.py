@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["render_report", "report_figures", "write_report"]
 
-_CONDITION_COLOURS = {"ecp": "#1f77b4", "concat": "#d62728"}
+_CONDITION_COLOURS = {"ecp": "#1f77b4", "concat": "#d62728", "quoted": "#ff7f0e"}
 _EXTRA_COLOURS = ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
 
 
@@ -49,12 +49,12 @@ def _colour(condition: str, seen: list[str]) -> str:
     return _EXTRA_COLOURS[seen.index(condition) % len(_EXTRA_COLOURS)]
 
 
-_CONDITION_RANK = {"ecp": 0, "concat": 1}
+_CONDITION_RANK = {"ecp": 0, "concat": 1, "quoted": 2}
 
 
 def _ordered(conditions: Iterable[str]) -> list[str]:
-    """ECP first, then CONCAT, then anything else alphabetically."""
-    return sorted(set(conditions), key=lambda c: (_CONDITION_RANK.get(c, 2), c))
+    """ECP first, then CONCAT, then QUOTED, then anything else alphabetically."""
+    return sorted(set(conditions), key=lambda c: (_CONDITION_RANK.get(c, 3), c))
 
 
 def _png(fig: Figure) -> bytes:
@@ -306,21 +306,22 @@ def figure_forest(comparison: Comparison | None) -> Figure:
     if comparison is None or not rows:
         return _empty("No paired effect to plot: it needs two conditions on the same personas and seeds.")
     metrics = [m for m in comparison.metrics if any(c.metric == m for c in rows)]
-    conditions = [c for c in comparison.conditions if any(r.condition == c for r in rows)]
-    fig, ax = plt.subplots(figsize=(7.5, 0.38 * len(metrics) * max(1, len(conditions)) + 1.4))
+    # One marker series per contrast (a pair of conditions), in the comparison's order.
+    pairs = list(dict.fromkeys((r.baseline, r.condition) for r in rows))
+    fig, ax = plt.subplots(figsize=(7.5, 0.38 * len(metrics) * max(1, len(pairs)) + 1.4))
     extra: list[str] = []
-    step = 0.7 / max(1, len(conditions))
-    for j, cond in enumerate(conditions):
-        colour = _colour(cond, extra)
-        for c in (r for r in rows if r.condition == cond):
-            y = len(metrics) - 1 - metrics.index(c.metric) + (j - (len(conditions) - 1) / 2) * step
+    step = 0.7 / max(1, len(pairs))
+    for j, (first, cond) in enumerate(pairs):
+        colour = _colour(cond if first == comparison.baseline else f"{first}-{cond}", extra)
+        for c in (r for r in rows if (r.baseline, r.condition) == (first, cond)):
+            y = len(metrics) - 1 - metrics.index(c.metric) + (j - (len(pairs) - 1) / 2) * step
             dz = c.effect_size or 0.0
             low, high = _or(c.effect_ci_low, dz), _or(c.effect_ci_high, dz)
             ax.errorbar(
                 dz, y, xerr=[[max(0.0, dz - low)], [max(0.0, high - dz)]], fmt="o", color=colour,
                 mfc=colour if c.significant else "white", capsize=2, ms=5,
             )
-        ax.plot([], [], "o", color=colour, label=f"{comparison.baseline} − {cond}")
+        ax.plot([], [], "o", color=colour, label=f"{first} − {cond}")
     ax.axvline(0, color="grey", lw=1)
     ax.set_yticks(range(len(metrics)))
     ax.set_yticklabels(list(reversed(metrics)), fontsize=8)
