@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-__all__ = ["Damage", "file_sha256", "find_damage", "part_record"]
+__all__ = ["Damage", "covered_batches", "file_sha256", "find_damage", "part_record"]
 
 
 @dataclass(frozen=True)
@@ -75,32 +75,73 @@ def _check(path: Path, expected: dict[str, Any]) -> str | None:
     return None
 
 
+def covered_batches(run_dir: Path, table: str, replaces: list[Path]) -> list[str]:
+    """The commits a new compacted part of ``table`` supersedes once it replaces ``replaces``:
+    those of the parts it replaces, and those an earlier compacted part it replaces had
+    superseded. Recorded in its marker (``"supersedes"``), so that :func:`find_damage` can
+    excuse their missing parts from the markers' contents alone, never from file times."""
+    commits = Path(run_dir) / ".commits"
+    out: set[str] = set()
+    legacy = False
+    for p in replaces:
+        batch = p.name[len("part-") : -len(".parquet")]
+        out.add(batch)  # a compacted part's marker too: a crash may leave it behind
+        if not batch.startswith("compacted"):
+            continue
+        data = _marker(commits / batch) if (commits / batch).exists() else None
+        listed = data.get("supersedes") if data else None
+        if isinstance(listed, list):
+            out.update(str(b) for b in listed)
+        else:
+            legacy = True  # an older compacted part: its marker does not say what it merged
+    if legacy and commits.is_dir():
+        # What an older compacted part merged: every batch whose part of the table is gone.
+        for marker in commits.iterdir():
+            data = _marker(marker)
+            entry = ((data or {}).get("parts") or {}).get(table)
+            if isinstance(entry, dict) and not marker.name.startswith("compacted") and not (
+                    Path(run_dir) / f"{table}.parquet" / str(entry.get("file"))).exists():
+                out.add(marker.name)
+    return sorted(out)
+
+
 def find_damage(run_dir: Path) -> list[Damage]:
     """Every committed part whose rows or checksum differ from its marker, or that is missing.
 
-    A batch part missing because compaction merged it is not damage: its table then has a
-    compacted part.
+    Content only, never file times (a copy or a restore need not keep them): a batch part
+    missing because compaction merged it (or a table's replacement superseded it) is not
+    damage when a compacted part of its table lists the batch in its marker's ``supersedes``.
+    A compacted part written before markers had that list excuses every missing batch part of
+    its table (it cannot say which it merged).
     """
     commits = run_dir / ".commits"
     if not commits.is_dir():
         return []
     damage: list[Damage] = []
-    compacted: dict[str, float] = {}
-    for p in run_dir.glob("*.parquet/part-compacted-*.parquet"):
-        table = p.parent.name[: -len(".parquet")]
-        compacted[table] = max(compacted.get(table, 0.0), p.stat().st_mtime)
-    for marker in sorted(commits.iterdir()):
-        data = _marker(marker)
+    markers = {m.name: _marker(m) for m in sorted(commits.iterdir())}
+    superseded: dict[str, set[str]] = {}
+    legacy: set[str] = set()  # tables with a compacted part whose marker lists nothing
+    for name, data in markers.items():
+        if not name.startswith("compacted") or not data or data.get("damaged"):
+            continue
+        listed = data.get("supersedes")
+        for table in data.get("parts") or {}:
+            if isinstance(listed, list):
+                superseded.setdefault(table, set()).update(str(b) for b in listed)
+            else:
+                legacy.add(table)
+    for name, data in markers.items():
+        marker = commits / name
         if data is None:
             continue
         if data.get("damaged"):
-            damage.append(Damage(marker.name, "", marker, "commit marker is not readable"))
+            damage.append(Damage(name, "", marker, "commit marker is not readable"))
             continue
         for table, expected in (data.get("parts") or {}).items():
             path = run_dir / f"{table}.parquet" / str(expected.get("file"))
-            if not path.exists() and compacted.get(table, 0.0) >= marker.stat().st_mtime:
-                continue  # merged into a later compacted part
+            if not path.exists() and (name in superseded.get(table, ()) or table in legacy):
+                continue  # merged into (or replaced by) a compacted part
             problem = _check(path, expected)
             if problem is not None:
-                damage.append(Damage(marker.name, table, path, problem))
+                damage.append(Damage(name, table, path, problem))
     return damage

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from spasm.dataset.files import atomic_write_json
-from spasm.dataset.integrity import Damage, find_damage, part_record
+from spasm.dataset.integrity import Damage, covered_batches, find_damage, part_record
 from spasm.dataset.outputs import aside_path
 from spasm.dataset.rows import ROW_MODELS, Row, arrow_schema, persona_row_model, rejection_row_model
 from spasm.dataset.streaming import merge_sorted, sort_rows, sorting_columns
@@ -173,10 +173,17 @@ class RunStore:
         if journal.exists():
             job = json.loads(journal.read_text())
             if Path(job["result"]).exists():
+                if job.get("marker") and not (self.commits / job["marker"]).exists():
+                    self.commits.mkdir(parents=True, exist_ok=True)  # the swap's own commit
+                    atomic_write_json(self.commits / job["marker"], job["commit"])
                 for p in job["replaces"]:
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(p)
                         removed += 1
+                    name = Path(p).name
+                    if name.startswith("part-compacted-"):  # its marker goes with it
+                        with contextlib.suppress(FileNotFoundError):
+                            os.remove(self.commits / name[len("part-") : -len(".parquet")])
             journal.unlink()
         for tmp in self.tmp.glob("*"):
             tmp.unlink()
@@ -273,12 +280,15 @@ class RunStore:
         record["file"] = name
         result = self.table_dir(table) / name
         result.parent.mkdir(exist_ok=True)
+        # The marker names what the part supersedes (content): integrity never reads mtimes.
+        marker = name[len("part-") : -len(".parquet")]
+        commit = {"parts": {table: record}, "supersedes": covered_batches(self.dir, table, replaces)}
         atomic_write_json(self.dir / ".compaction.json",
-                          {"result": str(result), "replaces": [str(p) for p in replaces]})
+                          {"result": str(result), "replaces": [str(p) for p in replaces],
+                           "marker": marker, "commit": commit})
         os.replace(tmp, result)
         self.commits.mkdir(exist_ok=True)
-        atomic_write_json(self.commits / name[len("part-") : -len(".parquet")],
-                          {"parts": {table: record}})
+        atomic_write_json(self.commits / marker, commit)
         for p in replaces:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)

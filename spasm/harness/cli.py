@@ -35,6 +35,13 @@ def cmd_harness_report(args: argparse.Namespace) -> int:
 
     if not 0 <= args.cache_discount <= 1:
         raise UserError("--cache-discount is a share between 0 and 1")
-    level_report(args.run_dir, cache_discount=args.cache_discount)
+    from contextlib import nullcontext
+
+    from spasm.dataset.lock import RunLock
+
+    # It writes harness_report.* into the run: one writer at a time (a missing run is
+    # level_report's error, not a directory the lock creates).
+    with RunLock(args.run_dir) if args.run_dir.is_dir() else nullcontext():
+        level_report(args.run_dir, cache_discount=args.cache_discount)
     print((args.run_dir / "harness_report.md").read_text(encoding="utf-8"), end="")
     return 0
