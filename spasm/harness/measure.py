@@ -19,13 +19,13 @@ neither: the audit is a wrapping agent (:class:`AuditedAgent`, itself a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from spasm.agents import NextPrompt, Turn, TurnAgent
 from spasm.backends.base import ChatRequest, Message
+from spasm.dataset.columns import dump_probes
 from spasm.dataset.rows import TurnRow
 from spasm.errors import BackendError
 from spasm.harness.notes import HarnessNotes
@@ -54,10 +54,6 @@ class AuditResult:
     fallbacks: int
     #: The turn's state with the audit's violations and advice noted (``None`` without state).
     state: AgentState | None
-
-    def verdict_json(self) -> str:
-        """``turns.checker_verdict``."""
-        return json.dumps(self.verdict, ensure_ascii=False)
 
 
 class Auditor:
@@ -163,7 +159,7 @@ class RecallProbes:
             probes = await recall_probes(agent, history, session, self.config)
             own = [t for t in turns if t.speaker == agent.speaker]
             if probes and own:
-                own[-1].probe = json.dumps({"probes": probes}, ensure_ascii=False)
+                own[-1].probe = dump_probes(probes)
 
 
 async def recall_probes(
