@@ -1,19 +1,12 @@
-"""Deterministic shards of a run (``spasm generate --shard I/N``).
+"""Sizing a sharded run for an executor: how many shards run at once on a machine's backends,
+and each shard's share of the backends' limits.
 
-A shard is one of N parts of the plan, split by persona: shard I runs every dialogue of the
-personas whose ``persona_index % N == I`` — all their conversations, conditions, pairings and
-harness levels — with exactly the seeds and dialogue ids of the unsharded run (both depend on
-the persona and the conversation only). The split is round-robin over the persona index, so
-the shards differ by at most one persona, and it needs nothing but the index: any scheduler
-(a SLURM array, a Kubernetes job index) can run the shards in any order, on any machine.
-
-Every shard draws the whole persona set with the run's seed (the draw is sequential: which
-candidates pass depends on those before), keeps its own personas in its ``personas`` table and
-all rejected candidates in ``persona_rejections`` (the same in every shard; a merge keeps them
-once). Its manifest records ``shard``: index, count and a digest of the whole persona set, so
-a merge can tell shards that drew different personas (an LLM validator or crafter that
-answered differently) from shards of one run, and a shard directory cannot be resumed as
-another shard or as an unsharded run.
+What a shard is (``spasm generate --shard I/N``: shard I runs every dialogue of the personas
+whose ``persona_index % N == I``, with the unsharded run's seeds and ids) is the plan's:
+:class:`spasm.runplan.Shard`, re-exported here for the executors. Every shard draws the whole
+persona set with the run's seed and keeps its own personas; its manifest records the shard and
+a digest of the whole persona set, so a merge can tell shards of one run apart from shards that
+drew different personas.
 """
 
 from __future__ import annotations
