@@ -124,7 +124,16 @@ class PairingConfig(_Strict):
 class PersonaConfig(_Strict):
     """Persona pipeline settings (SPEC §2)."""
 
-    n: int = Field(4, ge=1)
+    #: How many personas: drawn from the schema (default 4) or, with ``source``, rows drawn
+    #: from the file with the run's seed (default: every row).
+    n: int | None = Field(None, ge=1)
+    #: Personas from a data file instead of the schema's sampler: CSV, JSONL, Parquet or a
+    #: directory saved by ``datasets`` (:mod:`spasm.personas.sources`; a relative path is
+    #: read from the working directory).
+    source: str | None = None
+    #: With ``source``: the file's column -> a schema field, ``card``, ``description`` or
+    #: ``source_id`` (columns named like those need no entry).
+    field_map: dict[str, str] = {}
     #: Path to a persona schema file; ``None`` uses the bundled ``schemas/persona.yaml``.
     schema_file: str | None = None
     llm_validate: bool = False
@@ -133,6 +142,29 @@ class PersonaConfig(_Strict):
     backend: str | None = None
     #: Give up when this many candidates in a row fail for every n (rules reject nearly all).
     max_draws_per_persona: int = Field(200, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_n(cls, data: Any) -> Any:
+        # Sampled personas default to 4; a source's default is all its rows (n stays None).
+        if isinstance(data, dict) and data.get("source") is None and data.get("n") is None:
+            return {**data, "n": 4}
+        return data
+
+    @model_validator(mode="after")
+    def _check_source(self) -> PersonaConfig:
+        if self.source is None:
+            if self.field_map:
+                raise ValueError("field_map renames the columns of personas.source; set source "
+                                 "(a CSV, JSONL or Parquet file) or remove field_map")
+            return self
+        if not self.source.strip():
+            raise ValueError("source is empty; name a CSV, JSONL or Parquet file of personas")
+        if self.llm_validate or self.llm_craft:
+            raise ValueError("llm_validate and llm_craft check and rewrite sampled personas; the "
+                             "rows of personas.source are used as written (the schema's rules "
+                             "still apply)")
+        return self
 
 
 class TerminationConfig(_Strict):
@@ -332,7 +364,8 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check_plan_size(self) -> RunConfig:
         levels = len(self.harness.levels) if self.harness.levels else 1
-        factors = [self.personas.n, self.conversations_per_persona, len(self.pairing_list),
+        # A source without n: its rows are counted when it is read (the engine checks again).
+        factors = [self.personas.n or 1, self.conversations_per_persona, len(self.pairing_list),
                    len(self.conditions), levels]
         planned = 1
         for f in factors:
@@ -370,6 +403,9 @@ class RunConfig(_Strict):
         # Engine knobs change speed and caps, not content, so a resume may change them.
         data.pop("engine", None)
         data.pop("license", None)
+        if data["personas"].get("source") is None:  # runs before personas.source keep theirs
+            data["personas"].pop("source", None)
+            data["personas"].pop("field_map", None)
         for b in data["backends"].values():
             # structured_output is a transport detail (what is cached is the request itself).
             for k in ("max_concurrency", "rpm", "tpm", "timeout_s", "max_attempts", "n_threads",

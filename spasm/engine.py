@@ -39,8 +39,9 @@ from spasm.errors import (
 )
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
 from spasm.finish import complete_run
-from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas
+from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas, build_source_personas
 from spasm.personas import load_schema
+from spasm.personas.sources import load_source
 from spasm.run_summary import RunSummary, manifest_record, progress_lines
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
 from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
@@ -200,11 +201,16 @@ class Engine:
     async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
         pc = self.config.personas
         schema = load_schema(pc.schema_file)
-        self.store.set_persona_fields(schema.field_names, schema.integer_fields())
+        self.store.set_persona_fields(schema.field_names, schema.integer_fields(),
+                                      source=pc.source is not None)
         existing = self.store.read("personas")
         if existing is not None:
             return list(existing.to_pylist())
         result = await self._draw_personas(caller)
+        if pc.source is not None and result.rejected:
+            first = json.loads(result.rejected[0]["reasons"])[0]
+            log.warning("%d row(s) of %s were rejected (see the persona_rejections table), "
+                        "e.g. %s", len(result.rejected), pc.source, first)
         mine = self._own(result.accepted, caller)
         self.store.write_batch(
             "personas",
@@ -462,6 +468,9 @@ class Engine:
         for the run (its caller), the dry run (a scripted caller) and start-up checks (none:
         rules and template cards only, no model call)."""
         pc = self.config.personas
+        if pc.source is not None:
+            return await self._source_personas(caller)
+        assert pc.n is not None  # sampled personas always have a count (PersonaConfig)
         schema = load_schema(pc.schema_file)
         # A bar once drawing is slow enough to look stuck (900,000 personas: a minute or more);
         # by default only on a terminal and for large sets.
@@ -488,6 +497,31 @@ class Engine:
             )
         finally:
             bar.close()
+
+    async def _source_personas(self, caller: Caller | None) -> PersonaSet:
+        """The personas of ``personas.source``: its rows read and checked (no model), ``n`` of
+        them drawn with the run's seed (or all), then, with a caller, the drift dimensions a
+        free-text row lacks extracted through it (the dry run's scripted caller counts them)."""
+        pc, cfg = self.config.personas, self.config
+        assert pc.source is not None
+        schema = load_schema(pc.schema_file)
+        source = await anyio.to_thread.run_sync(load_source, pc.source, schema, pc.field_map)
+        chosen = source.sample(pc.n, cfg.seed)
+        levels = len(cfg.harness.levels) if cfg.harness.levels else 1
+        planned = (len(chosen) * cfg.conversations_per_persona * len(cfg.pairing_list)
+                   * len(cfg.conditions) * levels)
+        if planned > cfg.engine.max_planned_dialogues:
+            raise UserError(
+                f"the plan has {planned:,} dialogues ({len(chosen):,} personas from "
+                f"{pc.source}), over engine.max_planned_dialogues = "
+                f"{cfg.engine.max_planned_dialogues:,}; set personas.n, or raise the limit.")
+        backend = pc.backend or cfg.pairing_list[0].client
+        return await build_source_personas(
+            schema, source, chosen, cfg.seed, caller=caller, backend=backend,
+            temperature=cfg.backends[backend].temperatures.validator,
+            responder_role=cfg.dialogue.responder_role,
+            compile_policy=self._policy_compiler(caller, backend) if caller is not None else None,
+        )
 
 
 class _Scheduler:

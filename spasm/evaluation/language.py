@@ -1,10 +1,12 @@
 """Language compliance: utterances written in another language than the persona's.
 
-Each utterance long enough to classify (at least :data:`MIN_LETTERS` letters) goes through an
-offline language identifier — ``py3langid``, the maintained fork of langid.py (Lui & Baldwin,
-2012), whose naive-Bayes model over byte n-grams ships inside the package (97 languages,
-numpy only, ~0.1 ms an utterance). It is **flagged** when the identified language is not the
-expected one with a normalised probability of at least :data:`MIN_CONFIDENCE`.
+The identifier and its thresholds are :mod:`spasm.language`'s (one owner: the export's
+``off_language`` QA scan calls the same). Each utterance long enough to classify (at least
+:data:`MIN_LETTERS` letters) goes through an offline language identifier — ``py3langid``, the
+maintained fork of langid.py (Lui & Baldwin, 2012), whose naive-Bayes model over byte n-grams
+ships inside the package (97 languages, numpy only, ~0.1 ms an utterance). It is **flagged**
+when the identified language is not the expected one with a normalised probability of at
+least :data:`MIN_CONFIDENCE`.
 
 The expected language is the persona's ``language`` field when the personas table has one
 (an ISO 639-1 code such as ``en``, a tag such as ``en-GB``, or an English name such as
@@ -14,18 +16,22 @@ the classified utterances that are not flagged, ``off_language_<side>`` = how ma
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from spasm.errors import UserError
 from spasm.evaluation.echoing import quote
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import LanguageFlag, LanguageMetrics, LanguageStat
 from spasm.evaluation.stats import mean_ci
 from spasm.evaluation.summary import finite, group_key
+from spasm.language import (
+    DEFAULT_LANGUAGE,
+    MIN_CONFIDENCE,
+    MIN_LETTERS,
+    detect,
+    expected_language,
+    is_off_language,
+)
 
 __all__ = [
     "DEFAULT_LANGUAGE",
@@ -36,53 +42,8 @@ __all__ = [
     "language_scan",
 ]
 
-DEFAULT_LANGUAGE = "en"
-MIN_LETTERS = 20
-MIN_CONFIDENCE = 0.9
 EXAMPLES = 20
 SIDES = ("client", "responder")
-
-_NAMES = {
-    "english": "en", "spanish": "es", "french": "fr", "german": "de", "portuguese": "pt",
-    "italian": "it", "dutch": "nl", "japanese": "ja", "chinese": "zh", "mandarin": "zh",
-    "korean": "ko", "russian": "ru", "arabic": "ar", "hindi": "hi", "turkish": "tr",
-    "polish": "pl", "swedish": "sv", "danish": "da", "norwegian": "no", "finnish": "fi",
-    "greek": "el", "hebrew": "he", "czech": "cs", "hungarian": "hu", "romanian": "ro",
-    "ukrainian": "uk", "vietnamese": "vi", "thai": "th", "indonesian": "id", "malay": "ms",
-    "bengali": "bn", "urdu": "ur", "persian": "fa", "farsi": "fa", "tamil": "ta",
-    "catalan": "ca", "swahili": "sw", "tagalog": "tl", "filipino": "tl",
-}
-_LETTER = re.compile(r"[^\W\d_]")
-
-
-@functools.lru_cache(maxsize=1)
-def _identifier() -> Any:
-    try:
-        from py3langid.langid import MODEL_FILE, LanguageIdentifier
-    except ImportError as exc:
-        raise UserError(
-            "Language compliance needs py3langid (part of the 'eval' extra): pip install 'spasm[eval]'."
-        ) from exc
-    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-
-
-def detect(text: str) -> tuple[str | None, float]:
-    """The language of ``text`` and its probability; ``(None, 0.0)`` when it is too short."""
-    if len(_LETTER.findall(text)) < MIN_LETTERS:
-        return None, 0.0
-    lang, prob = _identifier().classify(text)
-    return str(lang), float(prob)
-
-
-def expected_language(persona: Mapping[str, object] | None) -> str:
-    """The persona's language as an ISO 639-1 code (English when it has none)."""
-    raw = persona.get("language") if persona else None
-    if not isinstance(raw, str) or not raw.strip():
-        return DEFAULT_LANGUAGE
-    value = raw.strip().lower()
-    if value in _NAMES:
-        return _NAMES[value]
-    return re.split(r"[-_]", value, maxsplit=1)[0]
 
 
 @dataclass
@@ -108,7 +69,7 @@ def language_scan(
             if lang is None:
                 continue
             sides[speaker].classified += 1
-            if lang != expected and prob >= MIN_CONFIDENCE:
+            if is_off_language(lang, prob, expected):
                 sides[speaker].flagged += 1
                 n_flagged += 1
                 flags.append(
