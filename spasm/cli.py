@@ -36,6 +36,9 @@ def _add_generate(sub: Any) -> None:
     p.add_argument("--config", type=Path, help="run config (YAML); default: configs/smoke.yaml")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<config name>)")
     p.add_argument("--personas", type=int, metavar="N", help="number of personas")
+    p.add_argument("--personas-from", type=Path, metavar="FILE",
+                   help="personas from a CSV, JSONL or Parquet file or a datasets directory "
+                   "(every row unless --personas N)")
     p.add_argument("--conversations-per-persona", type=int, metavar="K")
     p.add_argument("--condition", choices=["ecp", "concat", "quoted", "both", "all"],
                    help="both: ecp and concat; all: ecp, concat and quoted")
@@ -67,9 +70,14 @@ def _add_generate(sub: Any) -> None:
 
 
 def _add_personas(sub: Any) -> None:
-    p = sub.add_parser("personas", help="sample, validate and craft personas only")
-    p.add_argument("--n", type=int, required=True, help="number of personas")
-    p.add_argument("--out", type=Path, required=True, help="output Parquet file")
+    p = sub.add_parser("personas", help="sample, validate and craft personas only, or preview "
+                       "personas from a data file (--from)")
+    p.add_argument("--n", type=int, help="number of personas (with --from: default every row)")
+    p.add_argument("--out", type=Path, help="output Parquet file (optional with --from)")
+    p.add_argument("--from", dest="source", type=Path, metavar="FILE",
+                   help="preview personas from a CSV, JSONL or Parquet file or a datasets directory")
+    p.add_argument("--field-map", action="append", default=[], metavar="COLUMN=FIELD",
+                   help="with --from: read COLUMN as FIELD (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--schema", type=Path, help="persona schema (default: schemas/persona.yaml)")
     p.set_defaults(func=cmd_personas)
@@ -150,6 +158,10 @@ def resolve_config(args: argparse.Namespace) -> Any:
             b["timeout_s"] = args.timeout
         if args.max_attempts is not None:
             b["max_attempts"] = args.max_attempts
+    if args.personas_from is not None:
+        if data["personas"].get("source") is None:
+            data["personas"]["n"] = None  # the config's n counts sampled personas: every row
+        data["personas"]["source"] = str(args.personas_from)
     if args.personas is not None:
         data["personas"]["n"] = args.personas
     if args.conversations_per_persona is not None:
@@ -258,10 +270,18 @@ def cmd_personas(args: argparse.Namespace) -> int:
     from spasm.persona_stage import build_personas
     from spasm.personas import load_schema
 
-    if not 1 <= args.n <= 1_000_000:
+    if args.n is None and args.source is None:
+        raise UserError("spasm personas needs --n N (personas to sample), or --from FILE")
+    if args.n is not None and not 1 <= args.n <= 1_000_000:
         raise UserError("--n must be between 1 and 1,000,000 (personas are held in memory)")
     if not SEED_MIN <= args.seed <= SEED_MAX:
         raise UserError(f"--seed must be between {SEED_MIN} and {SEED_MAX} (a 64-bit integer).")
+    if args.source is not None:
+        return _personas_from(args)
+    if args.field_map:
+        raise UserError("--field-map goes with --from FILE")
+    if args.out is None:
+        raise UserError("spasm personas --n N needs --out FILE (the Parquet file to write)")
     out: Path = args.out
     rejected_out = out.with_name(out.stem + ".rejected.parquet")
     for path in (out, rejected_out):  # never into a run's tables or over its files
@@ -275,6 +295,54 @@ def cmd_personas(args: argparse.Namespace) -> int:
     print(f"{len(result.accepted)} personas → {out}; {len(result.rejected)} rejected candidates "
           f"(with reasons) → {rejected_out}")
     return 0
+
+
+def _personas_from(args: argparse.Namespace) -> int:
+    """``spasm personas --from FILE``: how the file's columns are read, what is rejected and
+    why, and the first cards; with ``--out`` the personas (and rejected rows) as Parquet. No
+    model is called: a free-text row's missing drift dimensions are extracted by a run."""
+    import anyio
+
+    from spasm.dataset.files import atomic_write_table
+    from spasm.dataset.outputs import check_output
+    from spasm.dataset.rows import persona_row_model, rejection_row_model
+    from spasm.dataset.store import rows_to_table
+    from spasm.persona_stage import build_source_personas
+    from spasm.personas import load_schema
+    from spasm.personas.sources import load_source
+
+    field_map: dict[str, str] = {}
+    for item in args.field_map:
+        column, eq, target = str(item).partition("=")
+        if not eq or not column.strip() or not target.strip():
+            raise UserError(f"--field-map {item!r}: write COLUMN=FIELD, e.g. job_title=occupation")
+        field_map[column.strip()] = target.strip()
+    outs: list[Path] = []
+    if args.out is not None:
+        outs = [args.out, args.out.with_name(args.out.stem + ".rejected.parquet")]
+        for path in outs:
+            check_output(path, "personas")
+    schema = load_schema(args.schema)
+    source = load_source(args.source, schema, field_map)
+    chosen = source.sample(args.n, args.seed)
+    result = anyio.run(lambda: build_source_personas(schema, source, chosen, args.seed))
+    for line in source.describe():
+        print(line)
+    extract = sum(1 for c in chosen if c.missing_dimensions(schema))
+    if extract:
+        print(f"  {extract} persona(s) lack a drift dimension; a run extracts it from the card "
+              "(one structured call each, cached)")
+    for persona in result.accepted[:3]:
+        print(f"  {persona['persona_id']} (source_id {persona['source_id']}): {persona['card'][:160]}")
+    if outs:
+        names, ints = schema.field_names, schema.integer_fields()
+        atomic_write_table(outs[0], rows_to_table(
+            "personas", persona_row_model(names, ints, source=True), result.accepted))
+        atomic_write_table(outs[1], rows_to_table(
+            "persona_rejections", rejection_row_model(names, ints, source=True), result.rejected))
+        print(f"{len(result.accepted)} personas → {outs[0]}; {len(result.rejected)} rejected "
+              f"rows (with reasons) → {outs[1]}")
+    return RUN_EXIT["ok"]
 
 
 class _Terminated(Exception):

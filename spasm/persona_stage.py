@@ -17,20 +17,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from pydantic import BaseModel, ConfigDict
 
 from spasm.backends.base import ChatRequest
 from spasm.calls import Caller, CallScope
 from spasm.errors import BackendError, ConfigError
 from spasm.personas.crafter import render_persona_card, rewrite_messages
 from spasm.personas.sampler import candidates
-from spasm.personas.schema import PersonaSchema
+from spasm.personas.schema import ChoiceField, PersonaSchema
+from spasm.personas.sources import DIMENSIONS, SourceCandidate, SourcePersonas
 from spasm.personas.validator import PersonaVerdict, llm_validation_messages, rule_violations
+from spasm.seeds import derive_seed
 
 #: Compiles an accepted persona (its fields, card and id) into its policy:
 #: ``(policy JSON, policy version, fell back)``.
 PolicyCompiler = Callable[[dict[str, Any], CallScope], Awaitable[tuple[str, str, bool]]]
 
-__all__ = ["PersonaSet", "PolicyCompiler", "build_personas", "persona_id"]
+__all__ = [
+    "DriftDimensions",
+    "PersonaSet",
+    "PolicyCompiler",
+    "build_personas",
+    "build_source_personas",
+    "dimension_messages",
+    "persona_id",
+]
 
 
 @dataclass
@@ -165,4 +176,115 @@ async def build_personas(
         out.calls.extend(scope.records)
     if on_progress is not None:
         on_progress(len(out.accepted))
+    return out
+
+
+class DriftDimensions(BaseModel):
+    """What the extraction call answers: the drift dimensions of a described person."""
+
+    model_config = ConfigDict(extra="ignore", title="DriftDimensions")
+
+    concern: str
+    emotion: str
+    motivation: str
+
+
+def dimension_messages(card: str, schema: PersonaSchema, responder_role: str) -> list[dict[str, str]]:
+    """The prompt that reads a free-text persona's concern, emotion and motivation."""
+    hints = []
+    for name in DIMENSIONS:
+        spec = schema.fields.get(name)
+        if isinstance(spec, ChoiceField):
+            hints.append(f"- {name}: one of {', '.join(c.value for c in spec.values[:40])}")
+    known = ("\nUse these values where one fits:\n" + "\n".join(hints)) if hints else ""
+    return [
+        {
+            "role": "system",
+            "content": f"You read the description of a person who is about to contact a "
+            f"{responder_role}. Say, in a few words each and without inventing facts the "
+            "description contradicts: their concern (what they come to talk about, in their own "
+            "words), their emotion about it (one word), and their motivation (what they want "
+            "from this conversation, starting with a verb such as 'wants' or 'needs'). Answer "
+            'with a JSON object {"concern": "...", "emotion": "...", "motivation": "..."}.'
+            + known,
+        },
+        {"role": "user", "content": f"Description:\n{card}"},
+    ]
+
+
+def _source_persona_id(index: int, candidate: SourceCandidate) -> str:
+    """Stable id: position plus a short hash of the row's id, card and fields."""
+    blob = json.dumps(["source", candidate.source_id, candidate.card, candidate.fields],
+                      sort_keys=True, default=str)
+    return f"p{index:04d}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+async def build_source_personas(
+    schema: PersonaSchema,
+    source: SourcePersonas,
+    chosen: list[SourceCandidate],
+    seed: int,
+    *,
+    caller: Caller | None = None,
+    backend: str | None = None,
+    temperature: float = 0.3,
+    responder_role: str = "customer-service agent",
+    compile_policy: PolicyCompiler | None = None,
+) -> PersonaSet:
+    """The personas of a data file's chosen rows (read and checked by
+    :func:`spasm.personas.sources.load_source`, which also gives the rejected rows).
+
+    A row whose card is free text and which lacks a drift dimension of the schema (concern,
+    emotion, motivation) gets it from one structured call per row (role ``extract``) through
+    the caller: stored in the persona's columns, cached by the caller's cache, logged in the
+    calls table. Without a caller (a preview, the start-up check) nothing is extracted. A row
+    whose answer never parses keeps the dimension empty and counts as a fallback.
+    """
+    out = PersonaSet(rejected=list(source.rejected))
+    ints = schema.integer_fields()
+    for index, candidate in enumerate(chosen):
+        fields = dict(candidate.fields)
+        pid = _source_persona_id(index, candidate)
+        scope = CallScope(persona_id=pid)
+        verdicts: list[dict[str, Any]] = [
+            {"stage": "source", "valid": True, "reason": f"read from {candidate.where}"}]
+        missing = [d for d in candidate.missing_dimensions(schema) if d not in ints]
+        if missing and caller is not None and backend is not None:
+            answer = (await caller.structured(
+                "extract", backend,
+                dimension_messages(candidate.card, schema, responder_role),  # type: ignore[arg-type]
+                DriftDimensions, scope, temperature=temperature, max_tokens=160,
+                seed=derive_seed(seed, "extract", candidate.source_id),
+            )).value
+            if answer is None:
+                out.llm_fallbacks += 1
+                verdicts.append({"stage": "extract", "valid": True,
+                                 "reason": "no parsable answer; " + ", ".join(missing)
+                                 + " left empty"})
+            else:
+                for name in missing:
+                    fields[name] = getattr(answer, name).strip() or None
+                verdicts.append({"stage": "extract", "valid": True,
+                                 "reason": ", ".join(missing) + " extracted from the card"})
+        policy: dict[str, Any] = {}
+        if compile_policy is not None:
+            compiled, version, fell_back = await compile_policy(
+                {**fields, "card": candidate.card, "persona_id": pid}, scope)
+            out.llm_fallbacks += fell_back
+            policy = {"policy": compiled, "policy_version": version}
+        out.accepted.append({
+            "persona_id": pid,
+            "persona_index": index,
+            "seed": seed,
+            **fields,
+            "card": candidate.card,
+            "card_source": candidate.card_source,
+            "verdicts": json.dumps(verdicts),
+            "schema_name": schema.name,
+            "schema_version": schema.schema_version,
+            **policy,
+            "persona_fields": candidate.raw,
+            "source_id": candidate.source_id,
+        })
+        out.calls.extend(scope.records)
     return out

@@ -16,7 +16,9 @@ pair in :mod:`spasm.dataset.columns`; :data:`JSON_COLUMNS` says which model each
 Schema versions (``SCHEMA_VERSION``; docs/format.md says what changed and how older runs are
 read): 1.0 first release; 1.1 harness columns in ``turns``; 1.2 ``dialogues.harness_fallbacks``
 and ``dialogues.source_id``, ``personas.persona_fields`` (an imported persona's source fields),
-imports as table directories like generated runs; 1.3 ``calls.cached_tokens``.
+imports as table directories like generated runs; 1.3 ``calls.cached_tokens``; 1.4
+``errors.traceback``; 1.5 ``personas.source_id`` and ``persona_rejections.source_id`` in runs
+whose personas come from a data file (``personas.source``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ __all__ = [
     "rejection_row_model",
 ]
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -276,6 +278,10 @@ PERSONA_TAIL: dict[str, Any] = {
     # An imported persona's source fields, verbatim (JSON), so an export gives them back.
     "persona_fields": (OptStr, None),
 }
+#: The column a run whose personas come from a data file has after the others: the row's id
+#: in that file (its id column, else its 0-based position). Only such runs have it, so the
+#: personas of every other run keep the columns they had.
+SOURCE_COLUMN: dict[str, Any] = {"source_id": (OptStr, None)}
 
 
 class Persona(TypedDict, total=False):
@@ -306,6 +312,8 @@ class Persona(TypedDict, total=False):
     policy_version: str | None
     #: JSON: an imported persona's source fields, verbatim.
     persona_fields: str | None
+    #: The row id in the data file the persona came from (runs with ``personas.source``).
+    source_id: str | None
 
 
 def persona_of(record: Mapping[Any, Any]) -> Persona:
@@ -329,17 +337,22 @@ def _field_types(field_names: Iterable[str], integer_fields: set[str]) -> dict[s
     }
 
 
-def persona_row_model(field_names: Iterable[str], integer_fields: set[str]) -> type[Row]:
-    """The personas row model for one persona schema: fixed columns plus one per field."""
-    fields = {**PERSONA_HEAD, **_field_types(field_names, integer_fields), **PERSONA_TAIL}
+def persona_row_model(field_names: Iterable[str], integer_fields: set[str], *,
+                      source: bool = False) -> type[Row]:
+    """The personas row model for one persona schema: fixed columns plus one per field, and
+    ``source_id`` last when the personas come from a data file."""
+    fields = {**PERSONA_HEAD, **_field_types(field_names, integer_fields), **PERSONA_TAIL,
+              **(SOURCE_COLUMN if source else {})}
     model: type[Row] = create_model("PersonaRow", __base__=_PersonaBase, **fields)
     return model
 
 
-def rejection_row_model(field_names: Iterable[str], integer_fields: set[str]) -> type[Row]:
-    """Rejected persona candidates, with the stage and reasons."""
+def rejection_row_model(field_names: Iterable[str], integer_fields: set[str], *,
+                        source: bool = False) -> type[Row]:
+    """Rejected persona candidates, with the stage and reasons (and, for a data file, the
+    row's ``source_id``; ``draw`` is then the row's position in the file)."""
     fields = {"draw": (I64, ...), **_field_types(field_names, integer_fields),
-              "stage": (Str, ...), "reasons": (Str, ...)}
+              "stage": (Str, ...), "reasons": (Str, ...), **(SOURCE_COLUMN if source else {})}
     model: type[Row] = create_model("PersonaRejectionRow", __base__=_RejectionBase, **fields)
     return model
 

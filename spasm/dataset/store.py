@@ -98,11 +98,14 @@ class RunStore:
         self.commits = self.dir / ".commits"
         self.models: dict[str, type[Row]] = dict(ROW_MODELS)
 
-    def set_persona_fields(self, field_names: Iterable[str], integer_fields: set[str]) -> None:
-        """Declare the persona-schema fields (the personas tables have one column per field)."""
+    def set_persona_fields(self, field_names: Iterable[str], integer_fields: set[str], *,
+                           source: bool = False) -> None:
+        """Declare the persona-schema fields (the personas tables have one column per field),
+        and whether the personas come from a data file (a ``source_id`` column)."""
         names = list(field_names)
-        self.models["personas"] = persona_row_model(names, integer_fields)
-        self.models["persona_rejections"] = rejection_row_model(names, integer_fields)
+        self.models["personas"] = persona_row_model(names, integer_fields, source=source)
+        self.models["persona_rejections"] = rejection_row_model(names, integer_fields,
+                                                                source=source)
 
     def model(self, table: str) -> type[Row]:
         """The row model of ``table``."""

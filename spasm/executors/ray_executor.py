@@ -196,7 +196,7 @@ def _run_shard(config_data: dict[str, Any], run_dir: str, index: int, count: int
 
 def _planned_estimate(config: Any) -> int:
     levels = len(config.harness.levels) if config.harness.levels else 1
-    return int(config.personas.n * config.conversations_per_persona * len(config.pairing_list)
+    return int((config.personas.n or 1) * config.conversations_per_persona * len(config.pairing_list)
                * len(config.conditions) * levels)
 
 
@@ -325,7 +325,7 @@ def run_with_ray(
         try:
             if not count:
                 slots = int(float(ray.cluster_resources().get("CPU", 1)) // cpus_per_shard)
-                count = max(1, min(max(1, slots), config.personas.n))
+                count = max(1, min(max(1, slots), config.personas.n or slots))
             run = RayRun(out, count)
             all_shards = [Shard(i, count) for i in range(count)]
             todo = []
