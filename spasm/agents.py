@@ -22,34 +22,46 @@ from typing import Protocol
 
 from spasm.backends.base import ChatRequest, Completion, Message
 from spasm.history import History, Speaker
+from spasm.language import language_name
 from spasm.projection import Viewer, project
 from spasm.session import DialogueSession
 
 END_MARKER = "<END>"
 
 
-def client_instructions(responder_role: str) -> str:
-    """How the Client behaves in the conversation (its frame without the persona card)."""
+def client_instructions(responder_role: str, language: object = None) -> str:
+    """How the Client behaves in the conversation (its frame without the persona card).
+
+    ``language``: the persona's (a code, tag or English name); when it is not English the
+    frame asks for every message in it. English or none: the frame is as it always was."""
+    name = language_name(language)
+    speak = f" Write every message in {name}, your own language." if name else ""
     return (
         f"You are talking with a {responder_role}. You are the person seeking help: stay this "
         "person throughout, with your own concern, feelings and way of speaking, and speak only "
         "for yourself, in the first person. Do not give advice, do not offer help and do not take "
-        f"over the {responder_role}'s role. Write short chat messages (one to three sentences). "
-        "When your concern is settled or you want to leave, say goodbye naturally."
+        f"over the {responder_role}'s role. Write short chat messages (one to three sentences)."
+        f"{speak} When your concern is settled or you want to leave, say goodbye naturally."
     )
 
 
-def client_system_prompt(card: str, responder_role: str) -> str:
+def client_system_prompt(card: str, responder_role: str, language: object = None) -> str:
     """The Client's frame: its persona card and how to behave in the conversation."""
-    return f"{card}\n\n{client_instructions(responder_role)}"
+    return f"{card}\n\n{client_instructions(responder_role, language)}"
 
 
-def responder_system_prompt(role: str, instructions: str | None = None) -> str:
-    """The Responder's frame: its role only (never the Client's card)."""
+def responder_system_prompt(
+    role: str, instructions: str | None = None, language: object = None
+) -> str:
+    """The Responder's frame: its role only (never the Client's card). ``language``: the
+    conversation's when it is not English (the one thing about the Client the Responder is
+    told, as a service knows which language its user writes in); English or none: as before."""
+    name = language_name(language)
     base = (
         f"You are a {role}. Someone has come to talk with you. Help them with care and "
         "competence, ask a question when you need more information, and keep each reply short "
         "(two to four sentences). Stay in your role."
+        + (f" The conversation is in {name}: write every reply in {name}." if name else "")
     )
     return f"{base}\n\n{instructions}" if instructions else base
 

@@ -58,11 +58,12 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
     """The Client and the Responder of a dialogue, each with its own frame, each plain or
     harnessed by its level in ``spec.levels`` (the one place that chooses)."""
     d = config.dialogue
+    language = spec.persona.get("language")  # English or none: the frames as before
     plain = (
         PlainAgent(
             speaker="client",
             backend=spec.pairing.client,
-            viewer=Viewer("client", client_system_prompt(spec.persona["card"], d.responder_role),
+            viewer=Viewer("client", client_system_prompt(spec.persona["card"], d.responder_role, language),
                           responder_role=d.responder_role),
             temperature=config.backends[spec.pairing.client].temperatures.client,
             max_tokens=d.max_tokens,
@@ -71,7 +72,7 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
             speaker="responder",
             backend=spec.pairing.responder,
             viewer=Viewer(
-                "responder", responder_system_prompt(d.responder_role, d.responder_instructions),
+                "responder", responder_system_prompt(d.responder_role, d.responder_instructions, language),
                 responder_role=d.responder_role,
             ),
             temperature=config.backends[spec.pairing.responder].temperatures.responder,

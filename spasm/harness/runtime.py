@@ -165,7 +165,8 @@ class HarnessedAgent:
         )
         if self.layers.policy:
             base = (
-                client_instructions(self.profile.role) if self.speaker == "client"
+                client_instructions(self.profile.role, self.persona.get("language"))
+                if self.speaker == "client"
                 else self.inner.system_prompt
             )
             self.voice = self.inner.reframed(

@@ -31,9 +31,11 @@ _STYLE = {
     },
 }
 _VERB = {"wants": "want", "needs": "need", "is": "are", "has": "have"}
+#: ``language`` is not a trait of the card: the frames ask for it (spasm.agents), so a persona
+#: whose language is English has the card of a schema without the field.
 _KNOWN = {
     "first_name", "age", "occupation", "city", "domain", "concern", "motivation", "emotion",
-    "intensity", *_STYLE,
+    "intensity", "language", *_STYLE,
 }
 
 

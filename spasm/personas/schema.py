@@ -10,6 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from spasm.config import data_path, format_validation_error, read_yaml
 from spasm.errors import ConfigError
+from spasm.language import language_code
+
+#: The persona field that names the Client's language (optional: without it a persona is
+#: English and its card, frames and personas row are those of a schema without the field).
+LANGUAGE_FIELD = "language"
 
 
 class _Strict(BaseModel):
@@ -161,6 +166,16 @@ class PersonaSchema(_Strict):
                         f"field {name!r} draws from {spec.from_}, but {src} value(s) "
                         f"{', '.join(map(repr, empty[:3]))} have no concerns (an empty pool): "
                         "give each value at least one")
+        language = self.fields.get(LANGUAGE_FIELD)
+        if language is not None:
+            if not isinstance(language, ChoiceField):
+                raise ValueError(f"field {LANGUAGE_FIELD!r} names the Client's language: it must be "
+                                 "categorical (one value: every persona speaks it; several: drawn)")
+            unknown = [c.value for c in language.values if language_code(c.value) is None]
+            if unknown:
+                raise ValueError(
+                    f"field {LANGUAGE_FIELD!r}: {unknown[0]!r} is not a language (use an ISO 639-1 "
+                    "code such as 'es', a tag such as 'pt-BR' or an English name such as 'Spanish')")
         for rule in self.rules:
             for f in (*rule.when, *rule.require):
                 if f not in self.fields:
