@@ -125,7 +125,8 @@ def _quality(s: CardStats) -> list[str]:
                         [(k, _n(n), _n(qa.dialogues_with.get(k, 0))) for k, n in sorted(qa.findings.items())])
     else:
         lines += ["No findings.", ""]
-    lines += [f"- near duplicates: {qa.near_duplicates}", f"- role flips: {qa.role_flips}", ""]
+    lines += [f"- near duplicates: {qa.near_duplicates}", f"- role flips: {qa.role_flips}",
+              *([f"- languages: {qa.languages}"] if qa.languages else []), ""]
     if s.role is not None:
         lines += ["Redactions in this export (contact-like strings replaced by typed placeholders):", ""]
         lines += _table(["placeholder", "replaced"],

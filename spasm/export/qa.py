@@ -29,6 +29,13 @@ from spasm.errors import UserError
 from spasm.export.dedup import NUM_PERM, SHINGLE_WORDS, DuplicateIndex, minhash_available
 from spasm.export.scans import REDACTABLE, Finding, PromptRef, ScanContext, prompt_ref, scan_text
 from spasm.export.stream import Turn, iter_dialogues, turn_index
+from spasm.language import (
+    DEFAULT_LANGUAGE,
+    MIN_CONFIDENCE,
+    MIN_LETTERS,
+    expected_language,
+    identifier_available,
+)
 from spasm.projection import SPEAKER_LABELS, Viewer
 
 __all__ = ["DIALOGUE_KINDS", "QAResult", "QASummary", "check_finished", "prompt_grams", "role_flip_signals",
@@ -53,6 +60,8 @@ class QASummary(BaseModel):
     near_threshold: float
     role_flips: str
     found_at: datetime
+    #: How utterances were checked for the persona's language (``off_language``).
+    languages: str = ""
 
 
 @dataclass
@@ -120,6 +129,18 @@ def _persona_texts(run: Run) -> dict[str, tuple[str, ...]]:
     return {pid: tuple(str(v[i]) for v in values if v[i]) for i, pid in enumerate(ids)}
 
 
+def _persona_languages(run: Run) -> dict[str, str]:
+    """Each persona's language (ISO 639-1) where the personas table has a ``language`` column."""
+    if not run.has("personas"):
+        return {}
+    table = run.table("personas")
+    if "language" not in table.column_names:
+        return {}
+    ids = table.column("persona_id").to_pylist()
+    return {pid: expected_language({"language": v})
+            for pid, v in zip(ids, table.column("language").to_pylist(), strict=True)}
+
+
 class _Prompts:
     """Per-dialogue prompts, dictionary-encoded (a run repeats each prompt many times)."""
 
@@ -134,6 +155,12 @@ class _Prompts:
             d = pc.dictionary_encode(pc.fill_null(table.column(col), "")).combine_chunks()
             self.enc.append((d.indices.to_pylist(), d.dictionary.to_pylist()))
         self.persona_texts = _persona_texts(run)
+        self.languages = _persona_languages(run)
+
+    def language(self, dialogue_id: str) -> str:
+        """The language the dialogue's persona speaks (English when the run does not say)."""
+        i = self.row.get(dialogue_id)
+        return DEFAULT_LANGUAGE if i is None else self.languages.get(self.persona[i], DEFAULT_LANGUAGE)
 
     def ref(self, dialogue_id: str) -> PromptRef:
         i = self.row.get(dialogue_id)
@@ -215,9 +242,9 @@ def scan_run(
     for did, turns in iter_dialogues(run, index, batch_size=batch_size):
         seen.add(did)
         n_turns += len(turns)
-        ref = prompts.ref(did)
+        ref, language = prompts.ref(did), prompts.language(did)
         for t in turns:
-            ctx = ScanContext(speaker=t.speaker, prompts=ref)
+            ctx = ScanContext(speaker=t.speaker, prompts=ref, language=language)
             for f in scan_text(t.text, ctx):
                 rows.append(_row(did, f.kind, f.evidence, when, turn=t.index, start=f.start, end=f.end,
                                  redaction=f.redaction))
@@ -237,6 +264,10 @@ def scan_run(
                          f"{SHINGLE_WORDS}-grams, Jaccard >= {near_threshold}"
                          if near else "not scanned (install datasketch: pip install 'spasm[export]')"),
         near_threshold=near_threshold, role_flips=flip_source, found_at=when,
+        languages=(f"py3langid, utterances of {MIN_LETTERS}+ letters, probability >= {MIN_CONFIDENCE}, "
+                   "against each persona's language (English unless the personas table says)"
+                   if identifier_available()
+                   else "not scanned (install py3langid: pip install 'spasm[eval]')"),
     )
     return QAResult(rows, summary)
 
@@ -264,6 +295,8 @@ def summary_table(summary: QASummary) -> str:
     lines.append(f"{summary.dialogues} dialogues, {summary.turns} utterances scanned")
     lines.append(f"near duplicates: {summary.near_duplicates}")
     lines.append(f"role flips: {summary.role_flips}")
+    if summary.languages:
+        lines.append(f"languages: {summary.languages}")
     return "\n".join(lines)
 
 

@@ -12,8 +12,11 @@ names the typed placeholder an export puts in their place. Where two redactable 
 :data:`REDACTABLE`. :func:`redact` is pure and returns what it replaced by what, so every
 redaction is visible in the data (like the harness's clips).
 
-The other kinds (``ai_identity``, ``prompt_leak``, ``empty_turn``) cannot be redacted: an
-export drops a dialogue that has one unless told to keep it. Dialogue-level kinds (alternation,
+The other kinds (``ai_identity``, ``prompt_leak``, ``empty_turn``, ``off_language``) cannot be
+redacted: an export drops a dialogue that has one unless told to keep it (``--allow-qa KIND``).
+``off_language`` is an utterance in another language than the persona's, by the identifier and
+thresholds of :mod:`spasm.language` (those of ``spasm eval``'s language compliance); without
+py3langid installed it is not scanned. Dialogue-level kinds (alternation,
 duplicates, role flips) live in :mod:`spasm.export.qa` and :mod:`spasm.export.dedup`.
 """
 
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from spasm.errors import UserError
+from spasm.language import DEFAULT_LANGUAGE, detect, identifier_available, is_off_language
 
 __all__ = [
     "PLACEHOLDERS",
@@ -87,10 +91,12 @@ class PromptRef:
 
 @dataclass(frozen=True, slots=True)
 class ScanContext:
-    """What a scan may know besides the text: who spoke, and the dialogue's prompts."""
+    """What a scan may know besides the text: who spoke, the dialogue's prompts, and the
+    language its persona speaks (an ISO 639-1 code, English by default)."""
 
     speaker: str = "client"
     prompts: PromptRef = field(default_factory=PromptRef)
+    language: str = DEFAULT_LANGUAGE
 
 
 def _leak_grams(words: list[str]) -> set[int]:
@@ -331,6 +337,21 @@ def scan_empty(text: str, ctx: ScanContext) -> list[Finding]:
     if text.strip():
         return []
     return [Finding("empty_turn", 0, len(text), repr(text))]
+
+
+@register_scan("off_language")
+def scan_off_language(text: str, ctx: ScanContext) -> list[Finding]:
+    """An utterance confidently in another language than the persona's (20+ letters,
+    probability 0.9+; nothing without py3langid). The evidence names both languages and quotes
+    the utterance."""
+    if not identifier_available():
+        return []
+    lang, prob = detect(text)
+    if not is_off_language(lang, prob, ctx.language):
+        return []
+    quoted = text if len(text) <= 160 else text[:157] + "..."
+    return [Finding("off_language", 0, len(text),
+                    f"{lang} (p={prob:.2f}), expected {ctx.language}: {quoted}")]
 
 
 _WORD = re.compile(r"\w+")

@@ -2,7 +2,8 @@
 
 By default an export drops the dialogues that failed (status other than ``ok``, or ended by an
 ``error``), those with a QA finding that cannot be redacted (AI-identity or prompt leakage,
-empty turns, broken alternation, a duplicate of an earlier dialogue) and those ``spasm eval``
+empty turns, broken alternation, a duplicate of an earlier dialogue, an utterance in another
+language than the persona's) and those ``spasm eval``
 or an annotator marked as echoing (a role flip). Quarantined dialogues never reached the
 dialogues table; they are counted apart. Filters narrow the rest. Every dropped dialogue is
 counted under the first reason that applies, in the order of :data:`REASONS`.
@@ -30,7 +31,8 @@ DIALOGUE_COLUMNS = ["dialogue_id", "persona_id", "conversation_index", "conditio
                     "client_model", "responder_model", "harness_level", "termination_reason",
                     "n_utterances", "status", "client_system_prompt", "responder_system_prompt"]
 #: Unredactable QA kinds in the order a dropped dialogue is attributed to them.
-_QA_ORDER = ("duplicate", "near_duplicate", "ai_identity", "prompt_leak", "empty_turn", "alternation")
+_QA_ORDER = ("duplicate", "near_duplicate", "ai_identity", "prompt_leak", "empty_turn", "alternation",
+             "off_language")
 REASONS = ("failed", "condition", "pairing", "harness_level", "termination_reason", "min_utterances",
            "max_utterances", "echoing", *(f"qa:{k}" for k in _QA_ORDER), "only_qa", "no_turn_of_role")
 _FILTERS = {"condition": "conditions", "pairing": "pairings", "harness_level": "harness_levels",

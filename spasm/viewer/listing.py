@@ -47,6 +47,8 @@ class ListQuery(BaseModel):
     qa: str | None = Field(None, max_length=200)
     echo: Literal["yes", "no", "client", "responder"] | None = None
     flagged: Literal["yes", "no"] | None = None
+    #: utterances in another language than the persona's: yes / no, or by one side
+    lang: Literal["yes", "no", "client", "responder"] | None = None
     #: none: nobody labelled it; any; mine / notmine: by the current annotator; multi: two or more
     ann: Literal["none", "any", "mine", "notmine", "multi"] | None = None
     #: full-text search in the utterances (case-insensitive substring)
@@ -94,8 +96,8 @@ class ListQuery(BaseModel):
         q = self.model_copy(update=changes)
         out: list[tuple[str, str]] = []
         defaults = ListQuery()
-        for name in ("pairing", "condition", "level", "reason", "status", "qa", "echo", "flagged", "ann",
-                     "q", "sort", "desc", "page", "per_page"):
+        for name in ("pairing", "condition", "level", "reason", "status", "qa", "echo", "flagged", "lang",
+                     "ann", "q", "sort", "desc", "page", "per_page"):
             value = getattr(q, name)
             if value != getattr(defaults, name) and value is not None:
                 out.append((name, "1" if value is True else str(value)))
@@ -153,6 +155,12 @@ def where_clause(query: ListQuery, persona_fields: set[str]) -> tuple[str, dict[
         params["echo"] = query.echo
     if query.flagged is not None:
         clauses.append("n_flagged > 0" if query.flagged == "yes" else "n_flagged = 0")
+    if query.lang is not None:
+        clauses.append({
+            "yes": "off_language_client + off_language_responder > 0",
+            "no": "off_language_client + off_language_responder = 0",
+            "client": "off_language_client > 0", "responder": "off_language_responder > 0",
+        }[query.lang])
     ann = {
         "none": "dialogue_id NOT IN (SELECT dialogue_id FROM ann)",
         "any": "dialogue_id IN (SELECT dialogue_id FROM ann)",

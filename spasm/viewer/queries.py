@@ -2,12 +2,14 @@
 
 A large run is never loaded into memory. At start (and whenever the run's committed parts
 change) :class:`RunIndex` builds, in a DuckDB database file in a private temporary folder,
-two tables: ``dlg`` — one row per dialogue with its persona fields, harness counts, QA kinds
-and eval verdicts, for filtering, sorting and paging — and ``search`` — every utterance with a
-lower-cased copy for full-text search. DuckDB keeps them on disk and pages them through a
-bounded buffer pool (``memory_limit``). The files it reads are the ones
-:meth:`spasm.dataset.Run.files` lists (committed parts only); the connection may read nothing
-else: ``enable_external_access`` is off with only the run and the index folder allowed.
+two tables: ``dlg`` — one row per dialogue with its persona fields, harness counts, QA kinds,
+eval verdicts and off-language utterances per side (the QA scan's ``off_language`` findings and
+``spasm eval``'s language compliance, whichever the run has), for filtering, sorting and paging
+— and ``search`` — every utterance with a lower-cased copy for full-text search. DuckDB keeps
+them on disk and pages them through a bounded buffer pool (``memory_limit``). The files it
+reads are the ones :meth:`spasm.dataset.Run.files` lists (committed parts only); the connection
+may read nothing else: ``enable_external_access`` is off with only the run and the index
+folder allowed.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Facets:
     has_eval: bool
     has_qa: bool
     has_harness: bool
+    #: the run has language flags (a QA scan, or ``spasm eval``'s language compliance)
+    has_language: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,9 +168,11 @@ class RunIndex:
         cols = {t: _columns(con, f) for t, f in files.items()}
         persona_fields = sorted(c for c in cols["personas"] - _FIXED_PERSONA if c.isidentifier())
         eval_file = self.run_dir / EVAL_PER_DIALOGUE
-        has_eval = eval_file.is_file() and {"dialogue_id", "echoing", "echo_who", "echo_score"} <= (
-            _columns(con, [str(eval_file)]))
-        con.execute(*_dlg_sql(files, cols, persona_fields, eval_file if has_eval else None))
+        eval_cols = _columns(con, [str(eval_file)]) if eval_file.is_file() else set()
+        has_eval = {"dialogue_id", "echoing", "echo_who", "echo_score"} <= eval_cols
+        eval_language = has_eval and set(_OFF_LANGUAGE) <= eval_cols
+        con.execute(*_dlg_sql(files, cols, persona_fields, eval_file if has_eval else None,
+                              eval_language=eval_language))
         # The lower-cased copy stays uncompressed: substring search over it is twice as fast.
         con.execute("CREATE TABLE search (dialogue_id VARCHAR, turn_index INTEGER, text VARCHAR, "
                     "t VARCHAR USING COMPRESSION uncompressed)")
@@ -339,14 +345,17 @@ _EMPTY_DLG = ("CREATE TABLE dlg (dialogue_id VARCHAR, persona_id VARCHAR, conver
               "responder_model VARCHAR, seed BIGINT, n_utterances INTEGER, termination_reason VARCHAR, "
               "status VARCHAR, prompt_tokens BIGINT, completion_tokens BIGINT, tokens BIGINT, "
               "n_flagged BIGINT, n_clips BIGINT, n_state BIGINT, qa_kinds VARCHAR[], echoing BOOLEAN, "
-              "echo_who VARCHAR, echo_score DOUBLE)")
+              "echo_who VARCHAR, echo_score DOUBLE, off_language_client BIGINT, "
+              "off_language_responder BIGINT)")
+#: The per-side counts of off-language utterances (``spasm eval``'s per_dialogue columns too).
+_OFF_LANGUAGE = ("off_language_client", "off_language_responder")
 _BASE = ("dialogue_id", "persona_id", "conversation_index", "condition", "harness_level", "pairing",
          "client_model", "responder_model", "seed", "n_utterances", "termination_reason", "status",
          "prompt_tokens", "completion_tokens")
 
 
 def _dlg_sql(files: Mapping[str, list[str]], cols: Mapping[str, set[str]], persona_fields: Sequence[str],
-             eval_file: Path | None) -> tuple[str, dict[str, Any]]:
+             eval_file: Path | None, *, eval_language: bool = False) -> tuple[str, dict[str, Any]]:
     """The statement (and its parameters) that builds the ``dlg`` table; columns an older part
     lacks get the row model's declared default."""
     if not files["dialogues"]:
@@ -382,6 +391,15 @@ def _dlg_sql(files: Mapping[str, list[str]], cols: Mapping[str, set[str]], perso
                    "coalesce(tu.n_state, 0) AS n_state"]
     else:
         select += ["0 AS n_flagged", "0 AS n_clips", "0 AS n_state"]
+    qa_language = bool(files["qa"] and files["turns"] and {"dialogue_id", "kind", "turn_index"} <= cols["qa"])
+    if qa_language:  # the scan's findings by the side that spoke
+        joins.append("LEFT JOIN (SELECT q.dialogue_id, "
+                     "sum(CASE WHEN t.speaker = 'client' THEN 1 ELSE 0 END) AS client, "
+                     "sum(CASE WHEN t.speaker = 'responder' THEN 1 ELSE 0 END) AS responder "
+                     "FROM read_parquet($q, union_by_name=true) q "
+                     "JOIN read_parquet($t, union_by_name=true) t "
+                     "USING (dialogue_id, turn_index) WHERE q.kind = 'off_language' GROUP BY 1) ql "
+                     "USING (dialogue_id)")
     if files["qa"] and {"dialogue_id", "kind"} <= cols["qa"]:
         joins.append("LEFT JOIN (SELECT dialogue_id, list(DISTINCT kind ORDER BY kind) AS kinds "
                      "FROM read_parquet($q, union_by_name=true) GROUP BY 1) qa USING (dialogue_id)")
@@ -390,12 +408,18 @@ def _dlg_sql(files: Mapping[str, list[str]], cols: Mapping[str, set[str]], perso
     else:
         select.append("[]::VARCHAR[] AS qa_kinds")
     if eval_file is not None:
-        joins.append("LEFT JOIN (SELECT dialogue_id, echoing, echo_who, echo_score FROM read_parquet($e)) "
-                     "ev USING (dialogue_id)")
+        lang = "".join(", " + c for c in _OFF_LANGUAGE) if eval_language else ""
+        joins.append(f"LEFT JOIN (SELECT dialogue_id, echoing, echo_who, echo_score{lang} "
+                     "FROM read_parquet($e)) ev USING (dialogue_id)")
         params["e"] = str(eval_file)
         select += ["ev.echoing", "ev.echo_who", "ev.echo_score"]
     else:
         select += ["NULL::BOOLEAN AS echoing", "NULL::VARCHAR AS echo_who", "NULL::DOUBLE AS echo_score"]
+    for side, column in zip(("client", "responder"), _OFF_LANGUAGE, strict=True):
+        sources = ([f"coalesce(ql.{side}, 0)"] if qa_language else []) + (
+            [f"coalesce(ev.{column}, 0)"] if eval_language else [])
+        value = f"greatest({', '.join(sources)})" if sources else "NULL"
+        select.append(f"{value}::BIGINT AS {column}")
     sql = (f"CREATE TABLE dlg AS SELECT {', '.join(select)} FROM read_parquet($d, union_by_name=true) d "
            + " ".join(joins))
     return sql, params
@@ -425,9 +449,11 @@ def _facets(con: duckdb.DuckDBPyConnection, persona_fields: list[str], cols: Map
             persona[f] = distinct(col)
     kinds = con.execute("SELECT DISTINCT unnest(qa_kinds) FROM dlg ORDER BY 1").fetchall()
     harness = con.execute("SELECT count(*) FROM dlg WHERE n_state > 0 OR harness_level <> 'A'").fetchone()
+    language = con.execute("SELECT count(off_language_client) FROM dlg").fetchone()
     return Facets(
         pairings=distinct("pairing"), conditions=distinct("condition"), levels=distinct("harness_level"),
         reasons=distinct("termination_reason"), statuses=distinct("status"),
         qa_kinds=[str(k[0]) for k in kinds], persona=persona, persona_ranges=ranges, has_eval=has_eval,
         has_qa=bool(cols["qa"]), has_harness=bool(harness and harness[0]),
+        has_language=bool(language and language[0]),
     )
