@@ -177,6 +177,19 @@ class TerminationConfig(_Strict):
     judge_backend: str | None = None
 
 
+class GoalJudgeConfig(_Strict):
+    """The goal judge of a run with scenarios (:mod:`spasm.goals`): after each dialogue it
+    decides whether the Client's goal was met (``dialogues.goal_met``, ``goal_reason``), and
+    with ``termination`` it also ends a dialogue once the goal is reached (``goal_reached``)."""
+
+    enabled: bool = True
+    termination: bool = False
+    #: Default: the dialogue's Client backend.
+    backend: str | None = None
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(160, ge=32)
+
+
 class DialogueConfig(_Strict):
     """How each dialogue is run."""
 
@@ -292,6 +305,12 @@ class RunConfig(_Strict):
     termination: TerminationConfig = TerminationConfig()
     engine: EngineConfig = EngineConfig()
     harness: HarnessConfig = HarnessConfig()
+    #: Scenarios with goals (:mod:`spasm.scenarios`): a YAML, JSONL or CSV file (a relative
+    #: path is read from the working directory) or an inline list of {id, situation, goal,
+    #: expected_outcome, context}; crossed with the personas.
+    scenarios: str | list[dict[str, Any]] | None = None
+    #: The goal judge of a run with scenarios.
+    scenarios_judge: GoalJudgeConfig = GoalJudgeConfig()
     #: The dataset's license for export cards (a Hub id such as ``cc-by-4.0``); not part of
     #: what determines the data, so changing it never blocks a resume.
     license: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9.+_-]+$")
@@ -356,6 +375,8 @@ class RunConfig(_Strict):
             refs.append((self.termination.judge_backend, "termination.judge_backend"))
         if self.harness.backend:
             refs.append((self.harness.backend, "harness.backend"))
+        if self.scenarios_judge.backend:
+            refs.append((self.scenarios_judge.backend, "scenarios_judge.backend"))
         for ref, where in refs:
             if ref not in names:
                 raise ValueError(f"{where} names backend {ref!r}, not one of {sorted(names)}")
@@ -403,6 +424,9 @@ class RunConfig(_Strict):
         # Engine knobs change speed and caps, not content, so a resume may change them.
         data.pop("engine", None)
         data.pop("license", None)
+        if data.get("scenarios") is None:  # runs without scenarios keep their fingerprint
+            data.pop("scenarios", None)
+            data.pop("scenarios_judge", None)
         if data["personas"].get("source") is None:  # runs before personas.source keep theirs
             data["personas"].pop("source", None)
             data["personas"].pop("field_map", None)

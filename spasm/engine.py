@@ -100,6 +100,8 @@ class Engine:
         self._simulate = simulate
         self.sleep_scale = sleep_scale
         self.store = RunStore(self.run_dir)
+        if config.scenarios is not None:  # its dialogues table has the scenario columns
+            self.store.declare_scenarios()
         self._started = ""
         #: Digest of the persona schema the run's personas were drawn from (config.json).
         self._persona_schema: str | None = None

@@ -18,10 +18,13 @@ from typing import Any
 from spasm.agents import PlainAgent, TurnAgent, client_system_prompt, responder_system_prompt
 from spasm.calls import Caller
 from spasm.config import PairingConfig, RunConfig
-from spasm.dataset.rows import CallRow, DialogueRow, ErrorRow, TurnRow
+from spasm.dataset.rows import CallRow, DialogueRow, ErrorRow, ScenarioDialogueRow, TurnRow
+from spasm.errors import BudgetExceededError, RunError
+from spasm.goals import GOAL_REACHED, GoalDetector, GoalVerdict, judge_goal
 from spasm.harness.factory import harness_agents, harness_hooks
 from spasm.harness.levels import level_label
 from spasm.projection import Viewer
+from spasm.scenarios import Scenario, client_card, responder_context
 from spasm.session import DialogueSession
 from spasm.simulation import Conversation, simulate_dialogue
 from spasm.termination import Detector, JudgeDetector, RuleDetector, TerminationChain
@@ -41,6 +44,8 @@ class DialogueSpec:
     seed: int
     #: Harness level (A–E) of the Client and of the Responder (SPEC §4).
     levels: tuple[str, str] = ("A", "A")
+    #: The scenario of a run with scenarios (its situation and goal go on the Client's card).
+    scenario: Scenario | None = None
 
 
 @dataclass
@@ -58,12 +63,14 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
     """The Client and the Responder of a dialogue, each with its own frame, each plain or
     harnessed by its level in ``spec.levels`` (the one place that chooses)."""
     d = config.dialogue
-    language = spec.persona.get("language")  # English or none: the frames as before
+    # A scenario's situation and goal go on the Client's card, its context to the Responder.
+    card = client_card(spec.persona["card"], spec.scenario)
+    instructions = responder_context(d.responder_instructions, spec.scenario)
     plain = (
         PlainAgent(
             speaker="client",
             backend=spec.pairing.client,
-            viewer=Viewer("client", client_system_prompt(spec.persona["card"], d.responder_role, language),
+            viewer=Viewer("client", client_system_prompt(card, d.responder_role),
                           responder_role=d.responder_role),
             temperature=config.backends[spec.pairing.client].temperatures.client,
             max_tokens=d.max_tokens,
@@ -72,7 +79,7 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
             speaker="responder",
             backend=spec.pairing.responder,
             viewer=Viewer(
-                "responder", responder_system_prompt(d.responder_role, d.responder_instructions, language),
+                "responder", responder_system_prompt(d.responder_role, instructions),
                 responder_role=d.responder_role,
             ),
             temperature=config.backends[spec.pairing.responder].temperatures.responder,
@@ -96,6 +103,34 @@ def build_chain(config: RunConfig, caller: Caller, spec: DialogueSpec) -> Termin
     return TerminationChain(detectors, t.min_utterances)
 
 
+def goal_detector(spec: DialogueSpec, config: RunConfig, caller: Caller) -> GoalDetector | None:
+    """The goal judge as a termination detector (``scenarios_judge.termination``), or ``None``."""
+    sj = config.scenarios_judge
+    if spec.scenario is None or not sj.enabled or not sj.termination:
+        return None
+    return GoalDetector(caller, sj.backend or spec.pairing.client, spec.scenario.goal,
+                        spec.scenario.expected_outcome, temperature=sj.temperature,
+                        max_tokens=sj.max_tokens, seed=spec.seed)
+
+
+async def goal_verdict(
+    spec: DialogueSpec, config: RunConfig, caller: Caller, convo: Conversation,
+    session: DialogueSession, detector: GoalDetector | None,
+) -> GoalVerdict | None:
+    """The goal judge's decision after the dialogue (run-layer code, not in the dialogue loop):
+    the detector's verdict when it ended the dialogue, else one ``goal_judge`` call."""
+    sj = config.scenarios_judge
+    if spec.scenario is None or not sj.enabled:
+        return None
+    if detector is not None and detector.reached is not None and convo.reason == GOAL_REACHED:
+        return detector.reached
+    return await judge_goal(
+        caller, sj.backend or spec.pairing.client, convo.history, spec.scenario.goal,
+        spec.scenario.expected_outcome, session.scope, temperature=sj.temperature,
+        max_tokens=sj.max_tokens, seed=spec.seed,
+    )
+
+
 def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueSession:
     """The session of one planned dialogue (the cache estimate only in harness runs)."""
     return DialogueSession.open(
@@ -110,6 +145,9 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
     session = open_session(spec, config, caller)
     agents = build_agents(spec, config)
     chain = build_chain(config, caller, spec)
+    goal = goal_detector(spec, config, caller)
+    if goal is not None:
+        chain.detectors.append(goal)
     convo = await simulate_dialogue(
         spec.dialogue_id, agents, chain, session,
         max_turns_per_agent=config.dialogue.max_turns_per_agent, hooks=harness_hooks(config),
@@ -118,8 +156,21 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
     if convo.error is not None:
         result.error = _error_row(spec, convo, convo.error)
         return result
+    try:
+        verdict = await goal_verdict(spec, config, caller, convo, session, goal)
+    except BudgetExceededError:
+        raise
+    except RunError as exc:  # the judge's backend failed its retries: quarantined like a turn
+        result.error = _error_row(spec, convo, exc)
+        return result
     result.turns = convo.turns
     result.dialogue = _dialogue_row(spec, config, agents, convo, session.scope.records)
+    if spec.scenario is not None:
+        result.dialogue = ScenarioDialogueRow(
+            **result.dialogue.as_record(), scenario_id=spec.scenario.id,
+            goal_met=None if verdict is None else verdict.goal_met,
+            goal_reason=None if verdict is None else verdict.reason,
+        )
     return result
 
 

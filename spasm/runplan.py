@@ -30,6 +30,7 @@ from spasm.backends import Backend, make_backend
 from spasm.config import RunConfig
 from spasm.errors import RunError, UserError
 from spasm.runner import DialogueSpec
+from spasm.scenarios import Scenario, persona_scenarios, run_scenarios
 from spasm.seeds import derive_seed
 
 __all__ = [
@@ -53,19 +54,23 @@ def id_part(name: str) -> str:
 
 
 def dialogue_id(persona_id: str, k: int, client: str, responder: str, condition: str,
-                level: str | None = None) -> str:
+                level: str | None = None, scenario: str | None = None) -> str:
     """The id of one planned dialogue: ``<persona>-k<k>-<client>-<responder>-<condition>``,
-    then ``-<level>`` in a harness sweep. Every part after the persona id is free of ``-``
-    (:func:`id_part`; a level is one letter), so reading from the right recovers each part:
-    different dialogues of a run never share an id, whatever their names."""
-    did = f"{persona_id}-k{k}-{id_part(client)}-{id_part(responder)}-{id_part(condition)}"
+    then ``-<level>`` in a harness sweep; in a run with scenarios ``-s<scenario>`` follows
+    ``k<k>``. Every part after the persona id is free of ``-`` (:func:`id_part`; a level is one
+    letter), so reading from the right recovers each part: different dialogues of a run never
+    share an id, whatever their names. Without scenarios ids are byte-identical to before."""
+    sid = "" if scenario is None else f"-s{id_part(scenario)}"
+    did = f"{persona_id}-k{k}{sid}-{id_part(client)}-{id_part(responder)}-{id_part(condition)}"
     return did if level is None else f"{did}-{level}"
 
 
 def legacy_dialogue_id(persona_id: str, k: int, client: str, responder: str, condition: str,
-                       level: str | None = None) -> str:
+                       level: str | None = None, scenario: str | None = None) -> str:
     """The id an older spasm gave the same dialogue (names joined unescaped), to recognise a
-    run written before :func:`id_part`."""
+    run written before :func:`id_part` (runs with scenarios came later: their ids as now)."""
+    if scenario is not None:
+        return dialogue_id(persona_id, k, client, responder, condition, level, scenario)
     did = f"{persona_id}-k{k}-{client}-{responder}-{condition}"
     return did if level is None else f"{did}-{level}"
 
@@ -90,14 +95,20 @@ def plan(
         [(None, (h.client, h.responder))]
     )
     seen: set[str] | None = set() if ids is dialogue_id else None
+    scenarios = run_scenarios(config)
     for persona in shard.select(personas) if shard is not None else personas:  # --shard I/N
-        for k in range(config.conversations_per_persona):
-            seed = derive_seed(config.seed, persona["persona_id"], k)
+        # A run with scenarios crosses them with the personas (or runs the persona's own).
+        chosen: list[Scenario | None] = (
+            [None] if scenarios is None else list(persona_scenarios(persona, scenarios)))
+        for scenario, k in ((s, k) for s in chosen for k in range(config.conversations_per_persona)):
+            seed = (derive_seed(config.seed, persona["persona_id"], k) if scenario is None
+                    else derive_seed(config.seed, persona["persona_id"], k, scenario.id))
             for pairing in config.pairing_list:
                 for condition in config.conditions:
                     for level, levels in sweep:
+                        extra = {} if scenario is None else {"scenario": scenario.id}
                         did = ids(str(persona["persona_id"]), k, pairing.client,
-                                  pairing.responder, condition, level)
+                                  pairing.responder, condition, level, **extra)
                         if seen is not None:
                             if did in seen:
                                 raise RunError(
@@ -108,7 +119,8 @@ def plan(
                                     "personas table repeats a persona id; please report it."
                                 )
                             seen.add(did)
-                        yield DialogueSpec(did, persona, k, condition, pairing, seed, levels)
+                        yield DialogueSpec(did, persona, k, condition, pairing, seed, levels,
+                                           scenario)
 
 
 def make_backends(config: RunConfig) -> dict[str, Backend]:
@@ -120,6 +132,8 @@ def make_backends(config: RunConfig) -> dict[str, Backend]:
         used.add(config.termination.judge_backend)
     if config.harness.backend:
         used.add(config.harness.backend)
+    if config.scenarios is not None and config.scenarios_judge.backend:
+        used.add(config.scenarios_judge.backend)
     return {name: make_backend(name, config.backends[name]) for name in sorted(used)}
 
 

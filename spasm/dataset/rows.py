@@ -18,7 +18,8 @@ read): 1.0 first release; 1.1 harness columns in ``turns``; 1.2 ``dialogues.harn
 and ``dialogues.source_id``, ``personas.persona_fields`` (an imported persona's source fields),
 imports as table directories like generated runs; 1.3 ``calls.cached_tokens``; 1.4
 ``errors.traceback``; 1.5 ``personas.source_id`` and ``persona_rejections.source_id`` in runs
-whose personas come from a data file (``personas.source``).
+whose personas come from a data file (``personas.source``); 1.6 ``dialogues.scenario_id``,
+``goal_met`` and ``goal_reason`` in runs with scenarios (:class:`ScenarioDialogueRow`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "Persona",
     "QARow",
     "Row",
+    "ScenarioDialogueRow",
     "TurnRow",
     "arrow_schema",
     "persona_of",
@@ -51,7 +53,7 @@ __all__ = [
     "rejection_row_model",
 ]
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 
 STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -136,6 +138,17 @@ class DialogueRow(Row):
     status: Str = "ok"
     #: An imported dialogue's id in its source, as JSON (the release's ``conversation_id``).
     source_id: OptStr = None
+
+
+class ScenarioDialogueRow(DialogueRow):
+    """A dialogue of a run with scenarios (1.6): every :class:`DialogueRow` column, then the
+    scenario's. Only such runs store these columns (every other run keeps the columns it had,
+    byte for byte); readers see them in every run, null where a run has none."""
+
+    scenario_id: OptStr = None
+    #: The goal judge's decision (``None``: no judge, or it gave no usable answer).
+    goal_met: Annotated[bool | None, BOOL] = None
+    goal_reason: OptStr = None
 
 
 class TurnRow(Row):
@@ -366,5 +379,5 @@ JSON_COLUMNS: dict[str, dict[str, type[BaseModel]]] = {
 
 #: The fixed tables and their row models (personas tables depend on the persona schema).
 ROW_MODELS: dict[str, type[Row]] = {
-    m.table: m for m in (DialogueRow, TurnRow, CallRow, ErrorRow, QARow, AnnotationRow)
+    m.table: m for m in (ScenarioDialogueRow, TurnRow, CallRow, ErrorRow, QARow, AnnotationRow)
 }

@@ -41,7 +41,15 @@ from pydantic import ValidationError
 from spasm.dataset.files import atomic_write_json
 from spasm.dataset.integrity import Damage, covered_batches, find_damage, part_record
 from spasm.dataset.outputs import aside_path
-from spasm.dataset.rows import ROW_MODELS, Row, arrow_schema, persona_row_model, rejection_row_model
+from spasm.dataset.rows import (
+    ROW_MODELS,
+    DialogueRow,
+    Row,
+    ScenarioDialogueRow,
+    arrow_schema,
+    persona_row_model,
+    rejection_row_model,
+)
 from spasm.dataset.streaming import merge_sorted, sort_rows, sorting_columns
 from spasm.errors import FormatError
 
@@ -63,6 +71,9 @@ def rows_to_table(table: str, model: type[Row], rows: Sequence[RowLike]) -> pa.T
     """Check ``rows`` against ``model`` and build the Arrow table of ``table``."""
     records: list[dict[str, Any]] = []
     for row in rows:
+        if isinstance(row, model) and type(row) is not model:  # its extra columns would be lost
+            raise FormatError(f"a {type(row).__name__} cannot be written to the {table} table of "
+                              "this run (a run with scenarios declares them first)")
         if isinstance(row, model):
             records.append(row.as_record())
             continue
@@ -97,6 +108,12 @@ class RunStore:
         self.tmp = self.dir / ".tmp"
         self.commits = self.dir / ".commits"
         self.models: dict[str, type[Row]] = dict(ROW_MODELS)
+        # The scenario columns only in runs with scenarios (declare_scenarios).
+        self.models["dialogues"] = DialogueRow
+
+    def declare_scenarios(self) -> None:
+        """This run has scenarios: its dialogues table has the scenario columns."""
+        self.models["dialogues"] = ScenarioDialogueRow
 
     def set_persona_fields(self, field_names: Iterable[str], integer_fields: set[str], *,
                            source: bool = False) -> None:

@@ -294,6 +294,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     o = metrics.echoing.overall
     if o.rate is not None:
         print(f"Echoing ({metrics.echoing.method}): {o.n_echoing}/{o.n} = {o.rate:.1%}")
+    if metrics.goals is not None:  # a run with scenarios: goal success per condition
+        for r in metrics.goals.rates:
+            if r.pairing == "all" and r.scenario_id == "all" and r.rate is not None:
+                print(f"Goal met ({r.condition}): {r.n_met}/{r.n} = {r.rate:.1%} "
+                      f"[95% CI {r.ci_low or 0:.2f}, {r.ci_high or 0:.2f}]")
     if metrics.llm is not None:
         u, d, e = metrics.llm, metrics.drift, metrics.echoing
         print(

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
-from spasm.evaluation.metrics import Metrics
+from spasm.evaluation.metrics import GoalMetrics, Metrics
 from spasm.evaluation.realism import REALISM_METRICS
 from spasm.evaluation.stats import cohen_dz_interval, holm, mean_ci, paired_test
 
@@ -380,9 +380,28 @@ def comparison_text(metrics: Metrics, comparison: Comparison | None = None) -> s
         )
     parts.append("\nPer pairing × condition — echoing (Wilson 95% CI) and persona separability")
     parts.append(pd.DataFrame(rows).to_string(index=False) if rows else "  (no dialogues)")
+    if metrics.goals is not None:
+        parts.append(goal_text(metrics.goals))
     if comparison is not None:
         parts.append(_contrast_text(comparison))
     return "\n".join(parts) + "\n"
+
+
+def goal_text(goals: GoalMetrics) -> str:
+    """Goal success per condition and pairing (and per scenario), Wilson 95% intervals."""
+    rows = [
+        {
+            "pairing": r.pairing,
+            "condition": r.condition,
+            "scenario": r.scenario_id,
+            "n": r.n,
+            "goal met": _ci(r.rate, r.ci_low, r.ci_high),
+            "undecided": r.undecided,
+        }
+        for r in goals.rates
+    ]
+    head = f"\nGoal success ({goals.scenarios} scenarios; Wilson 95% CI; undecided: no verdict)"
+    return head + "\n" + (pd.DataFrame(rows).to_string(index=False) if rows else "  (no dialogues)")
 
 
 def _contrast_text(comparison: Comparison) -> str:

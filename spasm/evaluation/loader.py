@@ -47,6 +47,9 @@ class Conversation:
     texts: tuple[str, ...]
     #: The dialogue's generation seed (``None`` when the dataset has no seed column).
     seed: int | None = None
+    #: A run with scenarios: the dialogue's scenario and the goal judge's decision.
+    scenario_id: str | None = None
+    goal_met: bool | None = None
 
     def side(self, speaker: str) -> list[str]:
         """The utterances of one speaker, in order."""
@@ -146,6 +149,8 @@ def load_run(run_dir: str | Path) -> RunData:
                 speakers=tuple(group["speaker"].tolist()),
                 texts=tuple(group["text"].tolist()),
                 seed=None if pd.isna(row.get("seed")) else int(row["seed"]),
+                scenario_id=None if pd.isna(row.get("scenario_id")) else str(row["scenario_id"]),
+                goal_met=None if pd.isna(row.get("goal_met")) else bool(row["goal_met"]),
             )
         )
     data.conversations = conversations

@@ -341,6 +341,30 @@ class LanguageFlag(_Model):
     text: str
 
 
+class GoalRate(_Model):
+    """Share of a group's dialogues whose scenario goal was met, with a Wilson 95% interval.
+
+    ``pairing`` is a pairing or ``all``; ``scenario_id`` a scenario or ``all``."""
+
+    pairing: str
+    condition: str
+    scenario_id: str = "all"
+    n: int = Field(description="dialogues the goal judge decided")
+    n_met: int
+    rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    undecided: int = Field(0, description="dialogues of the group with no goal verdict")
+
+
+class GoalMetrics(_Model):
+    """Goal success of a run with scenarios: per condition (all pairings), per pairing ×
+    condition, and per scenario × condition."""
+
+    rates: list[GoalRate]
+    scenarios: int
+
+
 class LanguageMetrics(_Model):
     """Language compliance (an offline identifier on every utterance long enough)."""
 
@@ -370,5 +394,6 @@ class Metrics(_Model):
     consistency: ConsistencyMetrics | None = Field(None, description="persona consistency (--consistency)")
     judges: JudgeEnsemble | None = Field(None, description="per-judge results (--judge-backend)")
     language: LanguageMetrics | None = Field(None, description="language compliance")
+    goals: GoalMetrics | None = Field(None, description="goal success (runs with scenarios)")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

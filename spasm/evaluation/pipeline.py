@@ -51,6 +51,7 @@ from spasm.evaluation.embeddings import (
     l2_normalise,
 )
 from spasm.evaluation.figures import write_figures
+from spasm.evaluation.goals import goal_metrics
 from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
 from spasm.evaluation.language import language_scan
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
@@ -335,6 +336,7 @@ def _evaluate(
         consistency=consistency_metrics,
         judges=ensemble_metrics,
         language=language,
+        goals=goal_metrics(convs),
         llm=llm.usage() if llm is not None else None,
         timings={},
     )
@@ -591,6 +593,7 @@ def _per_dialogue(
         else {}
     )
     rows = []
+    scenarios = any(c.scenario_id is not None for c in convs)
     for c in convs:
         v = verdicts.get(c.dialogue_id)
         xy = pca_xy.get(c.dialogue_id, (math.nan, math.nan))
@@ -605,6 +608,9 @@ def _per_dialogue(
             "n_utterances": len(c.texts),
             "n_client_turns": c.speakers.count("client"),
         }
+        if scenarios:  # goal success, compared like the other per-dialogue metrics
+            row["scenario_id"] = c.scenario_id
+            row["goal_met"] = math.nan if c.goal_met is None else float(c.goal_met)
         for dim in ("utterance", "concerns", "emotion", "motivation"):
             row[f"drift_{dim}"] = means.get(c.dialogue_id, {}).get(dim, math.nan)
         row.update(

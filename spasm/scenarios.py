@@ -1,0 +1,226 @@
+"""Scenarios with goals (issue 18 item 2): what the Client comes for, and what should happen.
+
+A scenario has an ``id``, a ``situation`` and the Client's ``goal`` (both added to the Client's
+card), an ``expected_outcome`` (never shown to either agent: only the goal judge reads it) and
+an optional ``context`` for the Responder (added to its instructions). A run's ``scenarios`` is
+a file (YAML: a list, or ``{scenarios: [...]}``; JSONL: one object a line; CSV: a header row)
+or an inline list in the config. Scenarios are crossed with the personas; a persona with a
+``scenario`` field (personas from a data file) runs only that scenario (1:1).
+
+Every way a scenario file can be wrong is a :class:`~spasm.errors.ConfigError` naming the file
+and the line (and the field), never a traceback. A definitions module: no model calls.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from spasm.config import MAX_FILE_BYTES, RunConfig
+from spasm.errors import ConfigError
+
+__all__ = [
+    "SCENARIO_ID",
+    "Scenario",
+    "client_card",
+    "load_scenarios",
+    "parse_scenarios",
+    "persona_scenarios",
+    "responder_context",
+    "run_scenarios",
+]
+
+#: A scenario id stands in dialogue ids and viewer URLs: letters, digits, ``.``, ``_``, ``-``.
+SCENARIO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class Scenario(BaseModel):
+    """One scenario (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+    id: str = Field(min_length=1, max_length=64)
+    situation: str = Field(min_length=1, max_length=4000)
+    goal: str = Field(min_length=1, max_length=2000)
+    expected_outcome: str = Field(min_length=1, max_length=2000)
+    #: What the Responder knows for this scenario (a policy, an account's state); optional.
+    context: str | None = Field(None, max_length=4000)
+
+
+def client_card(card: str, scenario: Scenario | None) -> str:
+    """The Client's card with the scenario's situation and goal (never the expected outcome)."""
+    if scenario is None:
+        return card
+    return (f"{card}\n\nYour situation: {scenario.situation}\n"
+            f"What you want from this conversation: {scenario.goal}")
+
+
+def responder_context(instructions: str | None, scenario: Scenario | None) -> str | None:
+    """The Responder's instructions with the scenario's context (it never sees the card, the
+    situation, the goal or the expected outcome)."""
+    if scenario is None or not scenario.context:
+        return instructions
+    context = f"What you know for this conversation: {scenario.context}"
+    return f"{instructions}\n\n{context}" if instructions else context
+
+
+def _problem(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(the record)"
+        msg = "unknown field (typo?)" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def parse_scenarios(records: Sequence[tuple[int | None, Any]], source: str) -> list[Scenario]:
+    """Validate ``(line, record)`` pairs from ``source`` into scenarios.
+
+    Raises:
+        ConfigError: a record is not a mapping, misses or misspells a field, has a bad id, or
+            repeats an id — naming ``source`` and the line.
+    """
+    out: list[Scenario] = []
+    seen: dict[str, int | None] = {}
+    for i, (line, record) in enumerate(records):
+        where = f"{source}, line {line}" if line is not None else f"{source}, scenario {i + 1}"
+        if not isinstance(record, Mapping):
+            raise ConfigError(f"{where}: a scenario is a mapping with id, situation, goal and "
+                              f"expected_outcome (and optional context), not {type(record).__name__}.")
+        data = {str(k): v for k, v in record.items()}
+        if isinstance(data.get("id"), int) and not isinstance(data["id"], bool):
+            data["id"] = str(data["id"])  # an id written as a number (YAML: id: 7)
+        try:
+            scenario = Scenario.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: not a valid scenario: {_problem(exc)}") from None
+        if not SCENARIO_ID.match(scenario.id) or ".." in scenario.id:
+            raise ConfigError(f"{where}: scenario id {scenario.id!r} is not allowed: letters, digits, "
+                              "'.', '_' and '-' only (no '..'), at most 64, e.g. refund-late-order.")
+        if scenario.id in seen:
+            first = seen[scenario.id]
+            at = f"line {first}" if first is not None else "an earlier scenario"
+            raise ConfigError(f"{where}: scenario id {scenario.id!r} repeats {at}; ids are unique.")
+        seen[scenario.id] = line
+        out.append(scenario)
+    if not out:
+        raise ConfigError(f"{source}: no scenarios (write at least one, or leave scenarios out).")
+    return out
+
+
+def _read_text(path: Path) -> str:
+    try:
+        if path.is_dir():
+            raise ConfigError(f"scenarios {path} is a directory; name a YAML, JSONL or CSV file.")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"Cannot read scenarios {path}: {exc.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"scenarios {path} is over {MAX_FILE_BYTES // (1024 * 1024)} MiB; is this "
+                          "the right file?")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}, line {line}: not UTF-8 text (byte {exc.start}); save the "
+                          "scenarios as UTF-8.") from None
+
+
+def _yaml_records(text: str, source: str) -> list[tuple[int | None, Any]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{source}{line}: not valid YAML: {exc.problem or exc}") from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
+        raise ConfigError(f"{source}: not valid YAML ({type(exc).__name__}: {exc})") from None
+    if isinstance(data, dict) and set(data) == {"scenarios"}:
+        data = data["scenarios"]
+        assert isinstance(node, yaml.MappingNode)
+        node = node.value[0][1]
+    if not isinstance(data, list):
+        raise ConfigError(f"{source}: a scenario file is a list of scenarios (or a mapping with one "
+                          "key, scenarios:, holding the list).")
+    items = node.value if isinstance(node, yaml.SequenceNode) else [None] * len(data)
+    return [(n.start_mark.line + 1 if n is not None else None, r)
+            for n, r in zip(items, data, strict=True)]
+
+
+def _jsonl_records(text: str, source: str) -> list[tuple[int | None, Any]]:
+    out: list[tuple[int | None, Any]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((number, json.loads(line)))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            column = f", column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            raise ConfigError(f"{source}, line {number}{column}: not valid JSON "
+                              f"({getattr(exc, 'msg', exc)}).") from None
+    return out
+
+
+def _csv_records(text: str, source: str) -> list[tuple[int | None, Any]]:
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""), restkey="\0extra")
+        if not reader.fieldnames:
+            return []
+        out: list[tuple[int | None, Any]] = []
+        start = 2
+        for row in reader:
+            if "\0extra" in row:
+                raise ConfigError(f"{source}, line {start}: more values than the header has columns.")
+            record = {k: v for k, v in row.items() if k is not None and v not in (None, "")}
+            if record:
+                out.append((start, record))
+            start = reader.line_num + 1
+        return out
+    except csv.Error as exc:
+        raise ConfigError(f"{source}: not valid CSV ({exc}).") from None
+
+
+def load_scenarios(path: str | Path) -> list[Scenario]:
+    """Read a scenario file: ``.jsonl``/``.ndjson``, ``.csv``, else YAML (or JSON)."""
+    p = Path(path)
+    text = _read_text(p)
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        records = _jsonl_records(text, str(p))
+    elif suffix == ".csv":
+        records = _csv_records(text, str(p))
+    else:
+        records = _yaml_records(text, str(p))
+    return parse_scenarios(records, str(p))
+
+
+def run_scenarios(config: RunConfig) -> list[Scenario] | None:
+    """The run's scenarios (``None``: a run without scenarios)."""
+    source = config.scenarios
+    if source is None:
+        return None
+    if isinstance(source, str):
+        return load_scenarios(source)
+    return parse_scenarios([(None, dict(s)) for s in source], "config scenarios")
+
+
+def persona_scenarios(persona: Mapping[str, Any], scenarios: list[Scenario]) -> list[Scenario]:
+    """The scenarios a persona runs: all of them, or the one its ``scenario`` field names."""
+    wanted = persona.get("scenario")
+    if wanted is None or wanted == "":
+        return scenarios
+    for s in scenarios:
+        if s.id == str(wanted):
+            return [s]
+    raise ConfigError(f"persona {persona.get('persona_id')!r} names scenario {wanted!r}, which the "
+                      f"run's scenarios do not have (ids: {', '.join(s.id for s in scenarios[:10])}).")
