@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spasm.dataset import Run, open_run
 from spasm.dataset.files import atomic_write, atomic_write_json, atomic_write_table, atomic_write_text
+from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import aside_path, check_output, finish_replacement, mark_output
 from spasm.errors import RunError, UserError
 from spasm.export.card import CARD_COLUMNS, CardStats, MaskStats, SplitCount, card_stats
@@ -360,8 +361,9 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
                                 endpoint=options.hub_endpoint)  # before the work: a bad id fails fast
     dialogues = run.table("dialogues", list(dict.fromkeys(DIALOGUE_COLUMNS + CARD_COLUMNS)))
     check_selection(dialogues, options.selection)  # before the scan: a typo fails fast
-    qa = scan_run(run, near_threshold=options.near_threshold)
-    write_qa(run.dir, qa)
+    with RunLock(run.dir):  # the findings go into the run: one writer at a time
+        qa = scan_run(run, near_threshold=options.near_threshold)
+        write_qa(run.dir, qa, locked=True)
     index = turn_index(run)
     errors = run.table("errors", ["dialogue_id"]).column(0).to_pylist() if run.has("errors") else []
     result = select(dialogues, qa, options.selection, errors, speakers=_speakers(index), role=options.role)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel
 
 from spasm.dataset import QARow, Run, RunStore
+from spasm.dataset.lock import RunLock
 from spasm.dataset.rows import PERSONA_HEAD, PERSONA_TAIL
 from spasm.errors import UserError
 from spasm.export.dedup import NUM_PERM, SHINGLE_WORDS, DuplicateIndex, minhash_available
@@ -272,10 +274,14 @@ def scan_run(
     return QAResult(rows, summary)
 
 
-def write_qa(run_dir: str | Path, result: QAResult) -> Path:
-    """Replace the run's ``qa`` table with ``result``'s rows (one atomic swap)."""
+def write_qa(run_dir: str | Path, result: QAResult, *, locked: bool = False) -> Path:
+    """Replace the run's ``qa`` table with ``result``'s rows (one atomic swap), holding the
+    run's write lock (a :class:`UserError` when another process writes the run); ``locked``:
+    the caller holds it already (``spasm qa`` and ``spasm export`` take it before the scan,
+    so a run being written is refused before anything is read or written)."""
     store = RunStore(Path(run_dir))
-    store.replace_table("qa", result.rows)
+    with nullcontext() if locked else RunLock(store.dir):
+        store.replace_table("qa", result.rows)
     return store.table_dir("qa")
 
 
