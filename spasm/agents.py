@@ -213,16 +213,18 @@ class PlainAgent:
 
     async def draft(
         self, messages: list[Message], session: DialogueSession, seed: int, *,
-        role: str | None = None,
+        role: str | None = None, turn_index: int | None = None,
     ) -> Draft:
         """One utterance from exactly these messages; ``role`` names the call in the log
-        (default: the speaker; the harness uses ``rewrite`` for its second attempt)."""
+        (default: the speaker; the harness uses ``rewrite`` for its second attempt);
+        ``turn_index`` is the index of the utterance it writes (the request's context)."""
         share = session.prefix.observe(messages)
         request = ChatRequest(
             messages=tuple(messages), temperature=self.temperature,
             max_tokens=self.max_tokens, seed=seed,
             # One stream per agent and dialogue: under ECP its prompts only ever grow.
             stream_key=f"{session.scope.dialogue_id}:{self.speaker}",
+            context=session.context(self.speaker, turn_index),
         )
         completion = await session.complete(role or self.speaker, self.backend, request)
         text = clean_reply(completion.text, completion.finish_reason == "length")
@@ -236,7 +238,8 @@ class PlainAgent:
     async def turn(self, history: History, session: DialogueSession) -> Turn:
         """Generate the next utterance from the agent's own projected context."""
         messages = self.messages(history, session.condition)
-        d = await self.draft(messages, session, session.turn_seed(len(history), self.speaker))
+        d = await self.draft(messages, session, session.turn_seed(len(history), self.speaker),
+                             turn_index=len(history))
         return Turn(
             speaker=self.speaker, text=d.text, completion=d.completion, messages=d.messages,
             cached_prompt_tokens=round(d.cacheable_tokens),

@@ -20,7 +20,9 @@ Retry policy (the only one: the SDK's retries are off):
 * an empty completion is re-sampled with the next seed, so a deterministic server can recover.
 
 Every attempt is a row of the run's ``calls`` table; a cache hit is a row too. Only successful
-completions are cached, keyed by the sha256 of the backend identity and the exact request.
+completions are cached, keyed by the sha256 of the backend identity and the exact request, and
+only from backends whose replies are a function of the request (``Backend.cacheable``: a
+``python`` backend only with ``deterministic: true``).
 """
 
 from __future__ import annotations
@@ -305,8 +307,11 @@ class Caller:
         backend = self.backends[backend_name]
         cfg = self.configs[backend_name]
         key = request.cache_key(backend.identity)
-        if self.cache is not None:
-            hit = self.cache.get(key)
+        # A backend whose replies are not a function of the request (user code) is neither
+        # replayed from the cache nor stored in it.
+        cache = self.cache if backend.cacheable else None
+        if cache is not None:
+            hit = cache.get(key)
             if hit is not None:
                 self.usage.cache_hits += 1
                 self._account(role, backend_name, hit)
@@ -393,8 +398,8 @@ class Caller:
                 attempt=attempt, outcome="ok", completion=completion, latency=latency,
                 error=None, started=started,
             )
-            if self.cache is not None:
-                self.cache.put(key, completion)
+            if cache is not None:
+                cache.put(key, completion)
             return completion, row
 
     def _warn_retry(self, backend_name: str, exc: BackendError, cfg: BackendConfig) -> None:

@@ -426,6 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if guard:
         sys.stdout = _ClosedPipeSafe(sys.stdout)
     try:
+        from spasm.plugins import load_plugins
+
+        load_plugins()  # once, before any config is read: a broken plugin is exit 2 here
         code: int = args.func(args)
         sys.stdout.flush()
         return code

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from spasm.errors import ConfigError
 from spasm.redact import redact_url
-from spasm.registry import BACKENDS, PROJECTIONS
+from spasm.registry import BACKENDS, DETECTORS, PROJECTIONS
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 
@@ -62,11 +63,31 @@ class Prices(_Strict):
 StructuredOutputMode = Literal["auto", "json_schema", "json_object", "text"]
 
 
-class BackendConfig(_Strict):
-    """One model backend: an OpenAI-compatible endpoint or the embedded model."""
+#: A ``python`` backend's target: a module or a ``.py`` file, ``:``, a function (or an
+#: attribute path to one, ``Bot.respond``).
+_TARGET_FUNCTION = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
-    #: A registered backend kind (:func:`spasm.backends.register_backend`): ``openai`` or
-    #: ``embedded`` unless a plugin adds one.
+
+def check_target(target: str) -> str:
+    """Validate a ``python`` backend's ``target`` (``package.module:function`` or
+    ``path/to/file.py:function``); returns it, or raises ValueError saying the form."""
+    where, colon, function = target.strip().rpartition(":")
+    form = ("target is 'package.module:function' (an importable module) or "
+            "'path/to/file.py:function'")
+    if not colon or not where or not _TARGET_FUNCTION.match(function):
+        raise ValueError(f"{form}; got {target!r}")
+    if not where.endswith(".py") and not _TARGET_FUNCTION.match(where):
+        raise ValueError(f"{form}; got {target!r} ({where!r} is neither a dotted module name nor "
+                         "a .py file)")
+    return target.strip()
+
+
+class BackendConfig(_Strict):
+    """One model backend: an OpenAI-compatible endpoint, the embedded model, or a Python
+    function (``kind: python``: your agent under test)."""
+
+    #: A registered backend kind (:func:`spasm.backends.register_backend`): ``openai``,
+    #: ``embedded`` or ``python`` unless a plugin adds one.
     kind: str = "openai"
     model: str = EMBEDDED_MODEL
     base_url: str | None = None
@@ -90,6 +111,28 @@ class BackendConfig(_Strict):
     #: takes, found on the first structured call and kept for the run. The embedded model always
     #: uses its llama.cpp grammar.
     structured_output: StructuredOutputMode = "auto"
+    #: ``python`` only: the function that writes the replies, ``package.module:function`` or
+    #: ``path/to/file.py:function`` (a relative path is read from the working directory);
+    #: called as ``fn(messages, context)`` (:mod:`spasm.backends.python`).
+    target: str | None = None
+    #: ``python`` only: the function's reply depends on the messages and the seed alone, so a
+    #: rerun may replay it from the cache. Off by default: replies of code are not cached.
+    deterministic: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _python_model(cls, data: Any) -> Any:
+        # A python backend's model name is its target unless one is given (the dialogues
+        # table records it as the responder's or client's model).
+        if (isinstance(data, dict) and data.get("kind") == "python" and "model" not in data
+                and isinstance(data.get("target"), str)):
+            return {**data, "model": data["target"]}
+        return data
+
+    @field_validator("target")
+    @classmethod
+    def _target_form(cls, v: str | None) -> str | None:
+        return None if v is None else check_target(v)
 
     @field_validator("kind")
     @classmethod
@@ -102,6 +145,12 @@ class BackendConfig(_Strict):
     def _check_kind(self) -> BackendConfig:
         if self.kind == "openai" and not self.base_url:
             raise ValueError("an 'openai' backend needs base_url (e.g. https://api.openai.com/v1)")
+        if self.kind == "python" and self.target is None:
+            raise ValueError("a 'python' backend needs target: the function that replies, "
+                             "'package.module:function' or 'path/to/file.py:function'")
+        if self.kind in ("openai", "embedded") and (self.target is not None or self.deterministic):
+            raise ValueError("target and deterministic are settings of a 'python' backend "
+                             f"(kind: python), not of an {self.kind!r} one")
         if self.api_key_env is not None and not self.api_key_env.replace("_", "").isalnum():
             raise ValueError(
                 "api_key_env is the NAME of an environment variable (like OPENAI_API_KEY), "
@@ -175,6 +224,24 @@ class TerminationConfig(_Strict):
     min_utterances: int = Field(4, ge=2)
     judge: bool = False
     judge_backend: str | None = None
+    #: More detectors by registered name (:func:`spasm.termination.register_detector`, e.g.
+    #: from a plugin), run in this order after the rules and the judge.
+    detectors: list[str] = []
+
+    @field_validator("detectors")
+    @classmethod
+    def _known_detectors(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name in ("rules", "judge"):
+                raise ValueError(f"{name!r} is switched on with termination.{name}: true, not "
+                                 "listed in detectors")
+            if name not in DETECTORS:
+                raise ValueError(f"unknown termination detector {name!r}; known: "
+                                 f"{[n for n in DETECTORS.names() if n not in ('rules', 'judge')]}"
+                                 " (a plugin registers more)")
+        if len(set(v)) != len(v):
+            raise ValueError("detectors repeat")
+        return v
 
 
 class GoalJudgeConfig(_Strict):
@@ -430,11 +497,19 @@ class RunConfig(_Strict):
         if data["personas"].get("source") is None:  # runs before personas.source keep theirs
             data["personas"].pop("source", None)
             data["personas"].pop("field_map", None)
+        # Settings added later are left out at their defaults, so the runs written before them
+        # keep their fingerprint (and can be resumed).
+        if not data["termination"].get("detectors"):
+            data["termination"].pop("detectors", None)
         for b in data["backends"].values():
             # structured_output is a transport detail (what is cached is the request itself).
             for k in ("max_concurrency", "rpm", "tpm", "timeout_s", "max_attempts", "n_threads",
                       "structured_output"):
                 b.pop(k, None)
+            # Whether code's replies may be replayed is a cache setting, like engine.cache.
+            b.pop("deterministic", None)
+            if b.get("target") is None:
+                b.pop("target", None)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

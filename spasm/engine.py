@@ -42,6 +42,7 @@ from spasm.finish import complete_run
 from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas, build_source_personas
 from spasm.personas import load_schema
 from spasm.personas.sources import load_source
+from spasm.plugins import load_plugins
 from spasm.run_summary import RunSummary, manifest_record, progress_lines
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
 from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
@@ -92,6 +93,7 @@ class Engine:
         sleep_scale: float = 1.0,
         shard: Shard | None = None,
     ) -> None:
+        load_plugins()  # once per process: the backends, detectors ... a config may name
         self.config = config
         self.run_dir = Path(run_dir)
         self.overwrite = overwrite

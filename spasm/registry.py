@@ -1,10 +1,13 @@
-"""Named registries: backends by kind, projections by condition (a leaf: imports only errors).
+"""Named registries: backends by kind, projections by condition, termination detectors by
+name (a leaf: imports only errors and the plugin loader).
 
 A registry maps a name to an implementation that registers itself with a decorator
 (``@BACKENDS.register("openai")``). The built-in names are listed here with the module that
 implements them, imported only when the implementation is first looked up: so the layers
 that only *check* a name (the config) never import the layers that implement it, and
-importing this module stays cheap. Plugins register the same way, with the same decorators.
+importing this module stays cheap. Plugins register the same way, with the same decorators:
+the first look-up of a name that is not known yet loads the installed plugins
+(:func:`spasm.plugins.load_plugins`, once), so a config may name what a plugin registers.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import importlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["BACKENDS", "PROJECTIONS", "Registry"]
+__all__ = ["BACKENDS", "DETECTORS", "PROJECTIONS", "Registry"]
 
 T = TypeVar("T")
 
@@ -37,15 +40,24 @@ class Registry(Generic[T]):
         return decorate
 
     def names(self) -> list[str]:
-        """Every known name (built-in or registered), sorted; imports nothing."""
+        """Every known name (built-in, registered or from a plugin), sorted; imports no
+        built-in implementation."""
+        _load_plugins()
         return sorted(set(self._builtins) | set(self._entries))
 
-    def __contains__(self, name: object) -> bool:
+    def _known(self, name: object) -> bool:
         return name in self._builtins or name in self._entries
+
+    def __contains__(self, name: object) -> bool:
+        if not self._known(name):
+            _load_plugins()  # a name no built-in has may come from a plugin
+        return self._known(name)
 
     def get(self, name: str) -> T | None:
         """The implementation registered under ``name`` (a built-in's module is imported on
-        first look-up), or ``None``."""
+        first look-up, the plugins on the first look-up of an unknown name), or ``None``."""
+        if not self._known(name):
+            _load_plugins()
         if name not in self._entries and name in self._builtins:
             importlib.import_module(self._builtins[name])
         return self._entries.get(name)
@@ -56,10 +68,23 @@ class Registry(Generic[T]):
         self._entries.pop(name, None)
 
 
+def _load_plugins() -> None:
+    """Load the installed plugins once (a no-op after the first time)."""
+    from spasm.plugins import load_plugins
+
+    load_plugins()
+
+
 #: Backend factories by config ``kind`` (:mod:`spasm.backends.registry` builds from them).
 BACKENDS: Registry[Callable[..., object]] = Registry(
     "backend kind",
-    {"openai": "spasm.backends.openai_compat", "embedded": "spasm.backends.embedded"},
+    {"openai": "spasm.backends.openai_compat", "embedded": "spasm.backends.embedded",
+     "python": "spasm.backends.python"},
+)
+#: Termination detector factories by name (:mod:`spasm.termination`): ``termination.rules``
+#: and ``termination.judge`` switch the built-in ones on, ``termination.detectors`` names more.
+DETECTORS: Registry[Callable[..., object]] = Registry(
+    "termination detector", {"rules": "spasm.termination", "judge": "spasm.termination"}
 )
 #: Projections Ψ by condition name (:mod:`spasm.projection`).
 PROJECTIONS: Registry[Callable[..., object]] = Registry(

@@ -27,7 +27,7 @@ from spasm.projection import Viewer
 from spasm.scenarios import Scenario, client_card, responder_context
 from spasm.session import DialogueSession
 from spasm.simulation import Conversation, simulate_dialogue
-from spasm.termination import Detector, JudgeDetector, RuleDetector, TerminationChain
+from spasm.termination import DetectorSetup, TerminationChain, make_detector
 
 __all__ = ["DialogueResult", "DialogueSpec", "build_agents", "build_chain", "run_dialogue"]
 
@@ -91,16 +91,14 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
 
 
 def build_chain(config: RunConfig, caller: Caller, spec: DialogueSpec) -> TerminationChain:
-    """The termination chain configured for the run."""
+    """The termination chain configured for the run: the rules, the judge, then the detectors
+    ``termination.detectors`` names (registered ones: :func:`spasm.termination.register_detector`)."""
     t = config.termination
-    detectors: list[Detector] = []
-    if t.rules:
-        detectors.append(RuleDetector(t.window))
-    if t.judge:
-        judge_backend = t.judge_backend or spec.pairing.client
-        temperature = config.backends[judge_backend].temperatures.judge
-        detectors.append(JudgeDetector(caller, judge_backend, temperature, seed=spec.seed))
-    return TerminationChain(detectors, t.min_utterances)
+    names = [*(["rules"] if t.rules else []), *(["judge"] if t.judge else []), *t.detectors]
+    judge_backend = t.judge_backend or spec.pairing.client
+    setup = DetectorSetup(caller, judge_backend, config.backends[judge_backend].temperatures.judge,
+                          spec.seed, t.window)
+    return TerminationChain([make_detector(n, setup) for n in names], t.min_utterances)
 
 
 def goal_detector(spec: DialogueSpec, config: RunConfig, caller: Caller) -> GoalDetector | None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from spasm.backends.base import ChatRequest, Completion, Message
+from spasm.backends.base import CallContext, ChatRequest, Completion, Message
 from spasm.calls import Caller, CallScope, Structured
 from spasm.seeds import derive_seed
 from spasm.tokens import common_prefix_length, count_tokens
@@ -81,18 +81,24 @@ class DialogueSession:
     #: The dialogue's seed; turns and probes derive theirs from it.
     seed: int
     prefix: PrefixTracker = field(default_factory=lambda: PrefixTracker(0))
+    #: The dialogue's scenario, when it has one (handed to code agents in their context).
+    scenario_id: str | None = None
 
     @classmethod
     def open(
         cls, caller: Caller, dialogue_id: str, persona_id: str, condition: str, seed: int, *,
-        estimate_cache: bool = False,
+        estimate_cache: bool = False, scenario_id: str | None = None,
     ) -> DialogueSession:
         """The session of one dialogue; its calls are logged under its id. The cache estimate
         costs a token count per call, so it is kept only with ``estimate_cache`` (harness
         runs report it)."""
         scope = CallScope(dialogue_id=dialogue_id, persona_id=persona_id)
         prefix = PrefixTracker(16) if estimate_cache else PrefixTracker(0)
-        return cls(caller, scope, condition, seed, prefix)
+        return cls(caller, scope, condition, seed, prefix, scenario_id)
+
+    def context(self, speaker: str, turn_index: int | None) -> CallContext:
+        """Where a call of ``speaker``'s turn ``turn_index`` comes from, for its request."""
+        return CallContext(self.scope.dialogue_id, speaker, turn_index, self.scenario_id)
 
     def turn_seed(self, index: int, speaker: str) -> int:
         """The seed of utterance ``index``, spoken by ``speaker``."""

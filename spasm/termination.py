@@ -9,20 +9,28 @@ fires before ``min_utterances``. Detectors run in order; the first to fire gives
   verdict; a judge that never answers in the schema simply does not fire.
 
 The engine adds ``max_turns`` (the cap) and ``error`` (quarantined) itself.
+
+Detectors are registered by name like projections (:func:`register_detector`; the names live
+in :data:`spasm.registry.DETECTORS`): ``rules`` and ``judge`` ship with spasm, a plugin may add
+more, and ``termination.detectors`` in the config names them. A registered factory is handed a
+:class:`DetectorSetup` for each dialogue and returns the :class:`Detector`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from pydantic import BaseModel, ConfigDict
 
 from spasm.backends.base import Message
 from spasm.calls import Caller, CallScope
+from spasm.errors import ConfigError
 from spasm.history import History
 from spasm.projection import transcript
+from spasm.registry import DETECTORS
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,56 @@ class JudgeDetector:
         if verdict is not None and verdict.finished:
             return Stop("natural_judge", verdict.reason)
         return None
+
+
+@dataclass(frozen=True)
+class DetectorSetup:
+    """What a detector factory is handed for one dialogue."""
+
+    #: The run's one call path, for detectors that ask a model.
+    caller: Caller
+    #: The backend a judging detector asks (``termination.judge_backend``, else the Client's).
+    backend: str
+    #: That backend's judge temperature.
+    temperature: float
+    #: The dialogue's seed (a judge derives each call's seed from it).
+    seed: int
+    #: ``termination.window``: the utterances a rule looks at.
+    window: int
+
+
+#: Builds one dialogue's detector.
+DetectorFactory = Callable[[DetectorSetup], Detector]
+
+
+def register_detector(name: str) -> Callable[[DetectorFactory], DetectorFactory]:
+    """Register a detector factory under ``name`` (decorator; the names live in
+    :data:`spasm.registry.DETECTORS`, where the config checks ``termination.detectors``)."""
+
+    def decorator(factory: DetectorFactory) -> DetectorFactory:
+        DETECTORS.register(name)(factory)
+        return factory
+
+    return decorator
+
+
+def make_detector(name: str, setup: DetectorSetup) -> Detector:
+    """The detector registered under ``name`` for one dialogue; an unknown name is a
+    :class:`ConfigError`."""
+    factory = cast("DetectorFactory | None", DETECTORS.get(name))
+    if factory is None:
+        raise ConfigError(f"Unknown termination detector {name!r}; known: {', '.join(DETECTORS.names())}")
+    return factory(setup)
+
+
+@register_detector("rules")
+def _rules(setup: DetectorSetup) -> Detector:
+    return RuleDetector(setup.window)
+
+
+@register_detector("judge")
+def _judge(setup: DetectorSetup) -> Detector:
+    return JudgeDetector(setup.caller, setup.backend, setup.temperature, seed=setup.seed)
 
 
 class TerminationChain:

@@ -3,12 +3,13 @@ embedded model, and the one function that reads an API key."""
 
 from __future__ import annotations
 
-from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.base import Backend, CallContext, ChatRequest, Completion
 from spasm.backends.keys import resolve_api_key
 from spasm.backends.registry import backend_kinds, make_backend, register_backend
 
 __all__ = [
     "Backend",
+    "CallContext",
     "ChatRequest",
     "Completion",
     "backend_kinds",

@@ -17,6 +17,20 @@ class Message(TypedDict):
 
 
 @dataclass(frozen=True, slots=True)
+class CallContext:
+    """Where in a dialogue a request comes from: the dialogue, the speaker and the index of
+    the utterance it writes (and the dialogue's scenario, when it has one). Set by the agent
+    that drafts an utterance; ``None`` on calls outside a turn (judge, personas). A backend
+    may read it (the ``python`` backend hands it to the function); it never changes the reply's
+    identity: it is left out of :meth:`ChatRequest.params` and :meth:`ChatRequest.cache_key`."""
+
+    dialogue_id: str | None = None
+    speaker: str | None = None
+    turn_index: int | None = None
+    scenario_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     """Everything that determines a completion; its hash is the cache key."""
 
@@ -32,6 +46,9 @@ class ChatRequest:
     #: so a backend with a local KV cache can keep one per stream. It never changes the reply:
     #: it is left out of :meth:`params` and :meth:`cache_key`.
     stream_key: str | None = field(default=None, compare=False)
+    #: Where in a dialogue the request comes from (:class:`CallContext`); left out of
+    #: :meth:`params` and :meth:`cache_key` like ``stream_key``.
+    context: CallContext | None = field(default=None, compare=False)
 
     def params(self) -> dict[str, Any]:
         """The sampling parameters, as logged in the call table."""
@@ -86,6 +103,9 @@ class Backend(ABC):
     model: str
     #: How many requests may be in flight at once.
     max_concurrency: int = 1
+    #: Whether a reply may be cached and replayed (:mod:`spasm.calls`): a model's reply is a
+    #: function of the request; a ``python`` backend's only when its config says so.
+    cacheable: bool = True
 
     @property
     def identity(self) -> str:

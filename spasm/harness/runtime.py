@@ -181,7 +181,7 @@ class HarnessedAgent:
         fallbacks, self._pending_fallbacks = self._pending_fallbacks, 0
         prep = await self._prepare(history, session, seed, meter)
         messages = self._messages(history, session.condition, prep.block)
-        draft = await self.voice.draft(messages, session, seed)
+        draft = await self.voice.draft(messages, session, seed, turn_index=len(history))
         meter.add(draft.cacheable_tokens)
         self.correction = None
         checked: Verified | None = None
@@ -335,7 +335,7 @@ class HarnessedAgent:
             rewrite_block = replace(block, rewrite=note) if block else TurnBlock(rewrite=note)
             messages = self._messages(history, session.condition, rewrite_block)
             d = await self.voice.draft(messages, session, derive_seed(seed, "rewrite"),
-                                       role="rewrite")
+                                       role="rewrite", turn_index=len(history))
             meter.add(d.cacheable_tokens)
             return d
 

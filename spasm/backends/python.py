@@ -1,0 +1,286 @@
+"""Your agent under test as a backend: ``kind: python`` calls a Python function for each reply.
+
+::
+
+    backends:
+      bot: {kind: python, target: "examples/responder.py:respond"}   # or "my_pkg.agent:respond"
+
+The function is called as ``fn(messages, context)``:
+
+* ``messages``: the agent's projected frame as a list of ``{"role", "content"}`` dicts, exactly
+  what a model in its place would be sent (its system prompt first); a fresh copy each call;
+* ``context``: an :class:`AgentContext` (read-only): the dialogue id, the speaker, the index of
+  the utterance it writes, the request's seed, the scenario id when the dialogue has one, the
+  sampling settings and, for a structured call (a judge, a harness layer), the JSON schema the
+  reply must follow. Outside a turn (the persona stage, the judge) the dialogue fields are
+  ``None``.
+
+It returns the reply text: a ``str``, or, to report its token usage, a mapping or an object
+with ``text`` and optionally ``prompt_tokens`` and ``completion_tokens``. It may be ``async``;
+a plain function runs in a worker thread (``anyio.to_thread``), so at most ``max_concurrency``
+calls run at once (set ``max_concurrency: 1`` for a function that is not thread-safe).
+
+It is called through :class:`~spasm.calls.Caller` like any backend: the call is limited,
+logged in the ``calls`` table (latency, outcome, tokens when reported) and retried. An exception
+it raises is a :class:`~spasm.errors.TransientBackendError` naming the target, the exception
+and where it was raised (retried up to ``max_attempts``, then the dialogue is quarantined);
+a :class:`~spasm.errors.BackendError` it raises is kept as is (raise
+:class:`~spasm.errors.FatalBackendError` to skip the retries); a return that is not text is a
+:class:`~spasm.errors.FatalBackendError`; a call longer than ``timeout_s`` a timeout. Replies are
+not cached unless the config says ``deterministic: true`` (the reply depends on the messages
+and the seed alone).
+
+The target is imported when the backend is made (at the start of a run, before any call): a
+missing file, module or function is a :class:`~spasm.errors.ConfigError` naming it (exit 2).
+A file target is loaded as a module of its own (``path/to/file.py``, relative to the working
+directory); a module target must be importable (installed, or on ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.registry import register_backend
+from spasm.config import BackendConfig, check_target
+from spasm.errors import (
+    BackendError,
+    ConfigError,
+    ConnectionBackendError,
+    FatalBackendError,
+    TimeoutBackendError,
+    TransientBackendError,
+)
+
+__all__ = ["AgentContext", "PythonBackend", "load_target"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentContext:
+    """What a ``python`` backend's function is told besides the messages (read-only)."""
+
+    #: The dialogue the call belongs to (``None`` outside a dialogue's turns).
+    dialogue_id: str | None
+    #: ``client`` or ``responder``: the side whose utterance is written.
+    speaker: str | None
+    #: The index of the utterance being written in the dialogue (0 is the first).
+    turn_index: int | None
+    #: The request's seed (the turn's, derived from the dialogue's seed).
+    seed: int | None
+    #: The dialogue's scenario, when it has one.
+    scenario_id: str | None
+    #: The sampling settings a model would get.
+    temperature: float
+    max_tokens: int
+    #: For a structured call: the JSON schema the reply must follow (read-only); else ``None``.
+    json_schema: Mapping[str, Any] | None = None
+    #: The backend's name in the run config.
+    backend: str = ""
+
+
+def _frozen(value: Any) -> Any:
+    """A read-only deep copy of a JSON value (mappings as ``MappingProxyType``, lists as tuples)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of an exception, as `` at file:line``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _load_file(path: Path, target: str, backend: str) -> Any:
+    resolved = path.resolve()
+    if not resolved.is_file():
+        raise ConfigError(f"Backend {backend!r}: target {target!r}: the file {path} does not exist "
+                          f"(a relative path is read from the working directory, {Path.cwd()}).")
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    name = f"_spasm_target_{resolved.stem}_{digest}"
+    if name in sys.modules:  # one module per file and process (another backend, a rerun)
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"Backend {backend!r}: target {target!r}: {path} cannot be loaded as a "
+                          "Python module.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it: dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_target(target: str, backend: str = "python") -> Callable[..., Any]:
+    """Import ``target`` (``package.module:function`` or ``path/to/file.py:function``) and
+    return the function; anything that keeps it from loading is a ConfigError naming it."""
+    try:
+        where, _, attr = check_target(target).rpartition(":")
+    except ValueError as exc:
+        raise ConfigError(f"Backend {backend!r}: {exc}") from None
+    try:
+        if where.endswith(".py"):
+            module = _load_file(Path(where), target, backend)
+        else:
+            module = importlib.import_module(where)
+    except ConfigError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"Backend {backend!r}: target {target!r}: cannot import {where!r} ({exc}). Install it, "
+            "put its folder on PYTHONPATH, or name the file: 'path/to/file.py:function'."
+        ) from None
+    except Exception as exc:  # the user's module failed while importing (a SyntaxError, ...)
+        raise ConfigError(
+            f"Backend {backend!r}: target {target!r}: importing {where!r} failed: "
+            f"{type(exc).__name__}: {exc}{_where(exc)}"
+        ) from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(
+                f"Backend {backend!r}: target {target!r}: {where!r} has no {part!r}"
+                + (f"; it defines {_public(module)}" if obj is module and _public(module) else "")
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"Backend {backend!r}: target {target!r} is {_describe(obj)}, not a "
+                          "function; name the function that replies.")
+    return obj  # type: ignore[no-any-return]
+
+
+def _public(module: Any) -> str:
+    names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+             and getattr(v, "__module__", None) == module.__name__]
+    return ", ".join(sorted(names)[:8])
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    # A function, or an object whose __call__ is a coroutine function.
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def _count(value: Any, name: str, target: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FatalBackendError(f"{target} reported {name}={value!r}; token counts are "
+                                "non-negative integers")
+    return value
+
+
+@register_backend("python")
+class PythonBackend(Backend):
+    """Calls a Python function for each reply (see the module docstring)."""
+
+    def __init__(self, name: str, cfg: BackendConfig) -> None:
+        if cfg.target is None:  # the config refuses this; a direct caller may not
+            raise ConfigError(f"Backend {name!r}: a 'python' backend needs target")
+        self.name = name
+        self.model = cfg.model
+        self.target = cfg.target
+        self.max_concurrency = cfg.max_concurrency
+        self.timeout_s = cfg.timeout_s
+        self.cacheable = cfg.deterministic
+        self.fn = load_target(cfg.target, name)
+        self._async = _is_async(self.fn)
+
+    @property
+    def identity(self) -> str:
+        return f"PythonBackend:{self.target}"
+
+    def _context(self, request: ChatRequest) -> AgentContext:
+        where = request.context
+        return AgentContext(
+            dialogue_id=where.dialogue_id if where else None,
+            speaker=where.speaker if where else None,
+            turn_index=where.turn_index if where else None,
+            seed=request.seed,
+            scenario_id=where.scenario_id if where else None,
+            temperature=request.temperature,
+            max_tokens=request.max_tokens,
+            json_schema=None if request.json_schema is None else _frozen(request.json_schema),
+            backend=self.name,
+        )
+
+    async def _invoke(self, messages: list[dict[str, str]], context: AgentContext) -> Any:
+        """Call the function: awaited when async, else in a worker thread."""
+        if self._async:
+            return await self.fn(messages, context)
+        result = await anyio.to_thread.run_sync(self.fn, messages, context, abandon_on_cancel=True)
+        if inspect.isawaitable(result):  # a plain callable that hands back a coroutine
+            result = await result
+        return result
+
+    async def complete(self, request: ChatRequest) -> Completion:
+        """One call of the function; its failures mapped to :mod:`spasm.errors` classes."""
+        # A fresh copy: what the function does to it never reaches the dialogue.
+        messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
+        t0 = time.perf_counter()
+        result: Any = None
+        try:
+            with anyio.move_on_after(self.timeout_s) as scope:
+                result = await self._invoke(messages, self._context(request))
+        except TimeoutError as exc:
+            raise TimeoutBackendError(f"{self.target} raised TimeoutError: {exc}{_where(exc)}") from exc
+        except BackendError:
+            raise  # the function chose the kind of failure (fatal, rate limited ...)
+        except ConnectionError as exc:
+            raise ConnectionBackendError(
+                f"{self.target} raised {type(exc).__name__}: {exc}{_where(exc)}") from exc
+        except Exception as exc:  # the agent's bug or its own dependency failing: retried
+            raise TransientBackendError(
+                f"{self.target} raised {type(exc).__name__}: {exc}{_where(exc)}") from exc
+        if scope.cancelled_caught:
+            raise TimeoutBackendError(f"{self.target} did not return within timeout_s="
+                                      f"{self.timeout_s:g}s (backend {self.name!r})")
+        return self._completion(result, time.perf_counter() - t0)
+
+    def _completion(self, result: Any, latency: float) -> Completion:
+        """Read what the function returned: text, or text with its token usage."""
+        if isinstance(result, str):
+            return Completion(text=result, prompt_tokens=0, completion_tokens=0,
+                              resolved_model=self.model, latency_s=latency)
+        if isinstance(result, Mapping):
+            text, prompt, completion = (result.get("text"), result.get("prompt_tokens"),
+                                        result.get("completion_tokens"))
+        else:
+            text = getattr(result, "text", None)
+            prompt = getattr(result, "prompt_tokens", None)
+            completion = getattr(result, "completion_tokens", None)
+        if not isinstance(text, str):
+            raise FatalBackendError(
+                f"{self.target} returned {_describe(result)}, not the reply: return a str, or a "
+                "mapping or object with a 'text' str (and optionally 'prompt_tokens' and "
+                "'completion_tokens')")
+        return Completion(
+            text=text, prompt_tokens=_count(prompt, "prompt_tokens", self.target),
+            completion_tokens=_count(completion, "completion_tokens", self.target),
+            resolved_model=self.model, latency_s=latency,
+        )
+
+
+def _describe(value: Any) -> str:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:59] + "…"
+    kind = type(value).__name__
+    return f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind} ({shown})"

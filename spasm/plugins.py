@@ -1,0 +1,102 @@
+"""Plugins: installed distributions that add backends, projections, termination detectors and
+QA scans through the entry-point group ``spasm.plugins`` (as simonw/llm's plugins do).
+
+A plugin declares one entry point or more in its package metadata::
+
+    [project.entry-points."spasm.plugins"]
+    my_plugin = "my_package.spasm_plugin"            # a module: importing it registers
+    my_other = "my_package.spasm_plugin:register"    # a callable: called with no arguments
+
+and registers with the decorators spasm uses itself: :func:`spasm.backends.register_backend`,
+:func:`spasm.projection.register_projection`, :func:`spasm.termination.register_detector` and
+:func:`spasm.export.register_scan`. The plugins are loaded once per process, at the CLI's start,
+when an :class:`~spasm.engine.Engine` is made, and on the first look-up of a name no built-in
+has (so a config may name a plugin's backend kind, condition or detector). A plugin that fails
+to load is a :class:`~spasm.errors.UserError` naming its entry point and distribution (exit 2),
+never a traceback from inside spasm.
+
+A leaf: it imports nothing of spasm but :mod:`spasm.errors` (a plugin's own imports happen when
+it is loaded).
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from importlib import metadata
+from types import ModuleType
+
+from spasm.errors import UserError
+
+__all__ = ["GROUP", "PluginError", "load_plugins", "loaded_plugins"]
+
+#: The entry-point group spasm reads plugins from.
+GROUP = "spasm.plugins"
+
+
+class PluginError(UserError):
+    """An installed plugin failed to load (its import or its registration raised)."""
+
+
+_lock = threading.RLock()
+#: Entry points loaded so far, as ``name = value`` (each is loaded once per process).
+_loaded: dict[str, str] = {}
+_scanned = False
+_loading = False
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of a plugin's exception, as ``file:line``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _load_one(ep: metadata.EntryPoint) -> None:
+    dist = getattr(ep, "dist", None)
+    name = dist.name if dist is not None and dist.name else None
+    what = f"spasm plugin {ep.name!r} = {ep.value!r}" + (f" (distribution {name})" if name else "")
+    fix = f" Fix the plugin or uninstall it (pip uninstall {name})." if name else ""
+    try:
+        obj = ep.load()
+        if not isinstance(obj, ModuleType):
+            if not callable(obj):
+                kind = type(obj).__name__
+                raise PluginError(
+                    f"{what} is neither a module nor a callable (it is {'an' if kind[0] in 'aeiou' else 'a'}"
+                    f" {kind}): point the entry point at the module that registers, or at a function "
+                    f"that does.{fix}")
+            obj()
+    except PluginError:
+        raise
+    except Exception as exc:  # a plugin's bug is the plugin's: name it, not spasm's frames
+        raise PluginError(f"{what} failed to load: {type(exc).__name__}: {exc}{_where(exc)}.{fix}"
+                          ) from exc
+
+
+def load_plugins(*, rescan: bool = False) -> list[str]:
+    """Load every ``spasm.plugins`` entry point not loaded yet; returns the names loaded so
+    far. Installed plugins are looked for once per process; ``rescan`` looks again (after a
+    plugin was installed into a running process: tests). A look-up made by a plugin while it
+    loads does not load the others again (no recursion)."""
+    global _scanned, _loading
+    with _lock:
+        if _loading or (_scanned and not rescan):
+            return sorted(_loaded.values())
+        _loading = True
+        try:
+            for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: (e.name, e.value)):
+                key = f"{ep.name} = {ep.value}"
+                if key in _loaded:
+                    continue
+                _load_one(ep)
+                _loaded[key] = ep.name
+            _scanned = True  # only once every plugin loaded: a broken one fails each look-up
+        finally:
+            _loading = False
+        return sorted(_loaded.values())
+
+
+def loaded_plugins() -> list[str]:
+    """The names of the plugins loaded so far (for messages and manifests)."""
+    with _lock:
+        return sorted(_loaded.values())

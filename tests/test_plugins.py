@@ -1,0 +1,198 @@
+"""Plugins through the ``spasm.plugins`` entry-point group: a tiny distribution installed into
+a temporary directory on ``sys.path`` registers a backend, a projection, a termination detector
+and a QA scan with spasm's own decorators, and a run uses all four; a broken plugin is a clear
+error naming its entry point (exit 2)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pandas as pd
+import pytest
+import yaml
+
+import spasm.plugins
+from spasm.cli import main
+from spasm.config import parse_config
+from spasm.dataset import open_run
+from spasm.engine import Engine
+from spasm.errors import ConfigError
+from spasm.export import scans
+from spasm.export.qa import scan_run
+from spasm.plugins import PluginError, load_plugins
+from spasm.registry import BACKENDS, DETECTORS, PROJECTIONS
+from spasm.testing import TestServer
+from tests.conftest import config_from, endpoint_config
+
+PLUGIN = textwrap.dedent('''
+    """A demo plugin: a backend, a projection, a detector (on import) and a scan (register())."""
+    from spasm.backends import Backend, Completion, register_backend
+    from spasm.export import register_scan
+    from spasm.export.scans import Finding
+    from spasm.projection import ecp, register_projection
+    from spasm.termination import Stop, register_detector
+
+
+    @register_backend("demo_echo")
+    class EchoBackend(Backend):
+        def __init__(self, name, cfg):
+            self.name, self.model = name, cfg.model
+            self.max_concurrency = cfg.max_concurrency
+
+        async def complete(self, request):
+            last = request.messages[-1]["content"]
+            return Completion(text=f"A banana for you ({len(last)} characters heard).",
+                              prompt_tokens=7, completion_tokens=4, resolved_model="echo-1")
+
+
+    @register_projection("mirror")
+    def mirror(history, viewer):
+        messages = ecp(history, viewer)
+        messages[0] = {"role": "system", "content": messages[0]["content"] + " [mirror]"}
+        return messages
+
+
+    class SixStop:
+        name = "six"
+
+        async def check(self, history, scope):
+            if len(history) >= 6:
+                return Stop("demo_six", f"{len(history)} utterances")
+            return None
+
+
+    @register_detector("six")
+    def six(setup):
+        return SixStop()
+
+
+    def register():
+        @register_scan("banana")
+        def banana(text, ctx):
+            i = text.lower().find("banana")
+            return [] if i < 0 else [Finding("banana", i, i + 6, text[i:i + 6])]
+''')
+
+
+def install(site: Path, dist: str, module: str, source: str, entry_points: str) -> None:
+    """A distribution as pip leaves it: the module and a ``*.dist-info`` with its metadata."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / f"{module}.py").write_text(source)
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[spasm.plugins]\n{entry_points}\n")
+
+
+@pytest.fixture
+def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Registries and the plugin loader as they are now, restored afterwards (so a plugin's
+    names never leak into other tests)."""
+    for registry in (BACKENDS, PROJECTIONS, DETECTORS):
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    monkeypatch.setattr(scans, "_SCANS", dict(scans._SCANS))
+    monkeypatch.setattr(spasm.plugins, "_loaded", {})
+    monkeypatch.setattr(spasm.plugins, "_scanned", False)
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("spasm_demo"):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None) -> Path:
+    site = tmp_path / "site"
+    install(site, "spasm-demo-plugin", "spasm_demo_plugin", PLUGIN,
+            "demo = spasm_demo_plugin\ndemo_scan = spasm_demo_plugin:register")
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def test_a_plugin_registers_a_backend_projection_detector_and_scan_that_a_run_uses(
+        demo: Path, tmp_path: Path) -> None:
+    with TestServer() as srv:
+        data = endpoint_config(
+            srv.base_url, personas={"n": 2}, conditions=["mirror"],
+            dialogue={"max_turns_per_agent": 10, "max_tokens": 40},
+            termination={"rules": False, "detectors": ["six"], "min_utterances": 2})
+        data["backends"]["echo"] = {"kind": "demo_echo", "model": "echo"}
+        data["pairings"] = [{"client": "srv", "responder": "echo"}]
+        # No explicit load: the config's first look-up of an unknown name loads the plugins.
+        config = config_from(data)
+        assert spasm.plugins.loaded_plugins() == ["demo", "demo_scan"]
+        summary = anyio.run(Engine(config, tmp_path / "run", progress=False, sleep_scale=0.0).run)
+    assert summary.completed == summary.planned == 2, summary.line()
+    run = tmp_path / "run"
+    dialogues = pd.read_parquet(run / "dialogues.parquet")
+    assert set(dialogues.termination_reason) == {"demo_six"}  # the plugin's detector ended them
+    assert set(dialogues.n_utterances) == {6} and set(dialogues.condition) == {"mirror"}
+    turns = pd.read_parquet(run / "turns.parquet")
+    assert all(t.startswith("A banana for you") for t in turns[turns.speaker == "responder"].text)
+    calls = pd.read_parquet(run / "calls.parquet")
+    echo = calls[calls.backend == "echo"]
+    assert set(echo.resolved_model) == {"echo-1"} and set(echo.prompt_tokens) == {7}
+    # The projection the plugin registered is what the server saw as the Client's frame too.
+    assert all(body["messages"][0]["content"].endswith(" [mirror]") for body in srv.requests)
+    # The QA pass (spasm qa's) runs the plugin's scan with the built-in ones.
+    qa = pd.DataFrame([r.model_dump() for r in scan_run(open_run(run)).rows])
+    found = qa[qa.kind == "banana"]
+    with_word = turns[turns.text.str.lower().str.contains("banana")]
+    assert sorted(zip(found.dialogue_id, found.turn_index, strict=True)) == sorted(
+        zip(with_word.dialogue_id, with_word.turn_index, strict=True))
+    assert set(found.evidence) == {"banana"} and len(found) >= (turns.speaker == "responder").sum()
+
+
+def test_the_cli_loads_the_plugins_at_start(demo: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(endpoint_config("http://127.0.0.1:9/v1", conditions=["mirror"],
+                                                     termination={"detectors": ["six"]})))
+    assert main(["generate", "--config", str(config), "--dry-run"]) == 0, capsys.readouterr().err
+    assert spasm.plugins.loaded_plugins() == ["demo", "demo_scan"]
+
+
+BROKEN = [
+    ("raise RuntimeError('no licence file')\n", "spasm_demo_broken",
+     "RuntimeError: no licence file at .*spasm_demo_broken.py:1"),
+    ("VALUE = 3\n", "spasm_demo_broken:VALUE", "is neither a module nor a callable"),
+    ("", "spasm_demo_missing", "ModuleNotFoundError: No module named 'spasm_demo_missing'"),
+]
+
+
+@pytest.mark.parametrize("source, value, message", BROKEN)
+def test_a_broken_plugin_is_a_clear_error_naming_its_entry_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None,
+        capsys: pytest.CaptureFixture[str], source: str, value: str, message: str) -> None:
+    site = tmp_path / "site"
+    install(site, "spasm-demo-broken", "spasm_demo_broken", source, f"broken = {value}")
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(PluginError, match=message) as exc:
+        load_plugins(rescan=True)
+    assert f"spasm plugin 'broken' = '{value}' (distribution spasm-demo-broken)" in str(exc.value)
+    assert "pip uninstall spasm-demo-broken" in str(exc.value)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(endpoint_config("http://127.0.0.1:9/v1")))
+    assert main(["generate", "--config", str(config), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "spasm plugin 'broken'" in err and "Traceback" not in err
+
+
+def test_an_unknown_detector_names_the_known_ones(isolated: None) -> None:
+    with pytest.raises(ConfigError, match=r"unknown termination detector 'nope'"):
+        parse_config({"termination": {"detectors": ["nope"]}})
+    with pytest.raises(ConfigError, match=r"switched on with termination\.rules: true"):
+        parse_config({"termination": {"detectors": ["rules"]}})
+
+
+def test_configs_written_before_detectors_and_python_backends_keep_their_fingerprint() -> None:
+    """The settings added with plugins and python backends are left out of the fingerprint at
+    their defaults, so a run written before them is still resumed (digests from before)."""
+    assert parse_config({}).fingerprint() == "f03598c72d078d14"
+    endpoint = {"backends": {"srv": {"kind": "openai", "base_url": "http://h/v1", "model": "m"}},
+                "pairings": [{"client": "srv", "responder": "srv"}], "termination": {"judge": True}}
+    assert parse_config(endpoint).fingerprint() == "89bd4be3e08b5094"
