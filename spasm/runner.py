@@ -134,6 +134,7 @@ def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> Dialo
     return DialogueSession.open(
         caller, spec.dialogue_id, spec.persona["persona_id"], spec.condition, spec.seed,
         estimate_cache=config.harness.active,
+        scenario_id=spec.scenario.id if spec.scenario is not None else None,
     )
 
 

@@ -165,6 +165,21 @@ def test_a_python_responder_gets_the_projected_frame_and_a_read_only_context(
     assert cached == calls[calls.backend == "srv"].request_hash.nunique()
 
 
+def test_the_context_names_the_dialogues_scenario(agents: str, tmp_path: Path) -> None:
+    target = f"{agents}:responder"
+    scenario = {"id": "late-parcel", "situation": "A parcel ordered a week ago has not arrived.",
+                "goal": "Learn when the parcel will arrive.",
+                "expected_outcome": "The agent gives a delivery date."}
+    with TestServer() as srv:
+        data = endpoint_config(srv.base_url, personas={"n": 1}, scenarios=[scenario],
+                               scenarios_judge={"enabled": False})
+        data["backends"]["bot"] = python_backend(target)
+        data["pairings"] = [{"client": "srv", "responder": "bot"}]
+        summary = run(data, tmp_path / "run")
+    assert summary.completed == summary.planned == 1, summary.line()
+    assert {c.scenario_id for _, c, _ in module_of(target)["CALLS"]} == {"late-parcel"}
+
+
 def test_both_sides_may_be_code_and_an_async_function_runs_on_the_event_loop(
         agents: str, tmp_path: Path) -> None:
     data = endpoint_config("http://127.0.0.1:9/v1", personas={"n": 1},
