@@ -66,11 +66,12 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
     # A scenario's situation and goal go on the Client's card, its context to the Responder.
     card = client_card(spec.persona["card"], spec.scenario)
     instructions = responder_context(d.responder_instructions, spec.scenario)
+    language = spec.persona.get("language")  # English or none: the frames as before
     plain = (
         PlainAgent(
             speaker="client",
             backend=spec.pairing.client,
-            viewer=Viewer("client", client_system_prompt(card, d.responder_role),
+            viewer=Viewer("client", client_system_prompt(card, d.responder_role, language),
                           responder_role=d.responder_role),
             temperature=config.backends[spec.pairing.client].temperatures.client,
             max_tokens=d.max_tokens,
@@ -79,7 +80,7 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
             speaker="responder",
             backend=spec.pairing.responder,
             viewer=Viewer(
-                "responder", responder_system_prompt(d.responder_role, instructions),
+                "responder", responder_system_prompt(d.responder_role, instructions, language),
                 responder_role=d.responder_role,
             ),
             temperature=config.backends[spec.pairing.responder].temperatures.responder,
