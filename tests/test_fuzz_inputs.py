@@ -20,6 +20,8 @@ SEED_FILES = {
     "config": (ROOT / "configs" / "smoke.yaml").read_bytes(),
     "schema": (ROOT / "schemas" / "persona.yaml").read_bytes(),
     "import": (ROOT / "tests" / "data" / "spasm_release_sample.jsonl").read_bytes(),
+    # A config with a python backend (your agent as the Responder: kind, target, deterministic).
+    "python": (ROOT / "configs" / "examples" / "python-responder.yaml").read_bytes(),
 }
 _SCALARS: list[Any] = [None, True, 0, -1, 10**12, 3.5, float("nan"), "", "x" * 300, "../../etc",
                        "0000-00-00", [], {}, [1, "a"], {"k": [None]}]
@@ -76,10 +78,12 @@ def _commands(tmp: Path, path: Path) -> dict[str, list[str]]:
                    "--no-progress"],
         "schema": ["personas", "--n", "2", "--schema", str(path), "--out", str(tmp / "out" / "p.parquet")],
         "import": ["import", str(path), "--out", str(tmp / "out")],
+        "python": ["generate", "--config", str(path), "--out", str(tmp / "out"), "--dry-run",
+                   "--no-progress"],
     }
 
 
-@pytest.mark.parametrize("kind", ["config", "schema", "import"])
+@pytest.mark.parametrize("kind", ["config", "schema", "import", "python"])
 def test_bad_files_give_exit_2_and_a_message_and_write_nothing(
     kind: str, tmp_path: Path, capsys: Any
 ) -> None:

@@ -289,7 +289,8 @@ def test_a_malformed_target_is_a_config_error_saying_the_form(backend: dict[str,
 
 
 @pytest.mark.parametrize("target, message", [
-    ("{dir}/missing.py:respond", "the file .*missing.py does not exist"),
+    ("{dir}/missing.py:respond", "missing.py does not exist"),
+    ("{dir}:respond", "is neither a dotted module name nor a .py file"),
     ("{dir}/agents.py:nothing_here", "has no 'nothing_here'; it defines .*responder"),
     ("spasm_no_such_module.agent:respond", "cannot import 'spasm_no_such_module.agent'"),
     ("{dir}/syntax.py:respond", r"importing .* failed: SyntaxError: .*syntax.py"),

@@ -110,8 +110,9 @@ def _where(exc: BaseException) -> str:
 def _load_file(path: Path, target: str, backend: str) -> Any:
     resolved = path.resolve()
     if not resolved.is_file():
-        raise ConfigError(f"Backend {backend!r}: target {target!r}: the file {path} does not exist "
-                          f"(a relative path is read from the working directory, {Path.cwd()}).")
+        problem = "is not a file" if resolved.exists() else "does not exist"
+        raise ConfigError(f"Backend {backend!r}: target {target!r}: {path} {problem} (a relative "
+                          f"path is read from the working directory, {Path.cwd()}).")
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
     name = f"_spasm_target_{resolved.stem}_{digest}"
     if name in sys.modules:  # one module per file and process (another backend, a rerun)
