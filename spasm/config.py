@@ -488,31 +488,41 @@ class RunConfig(_Strict):
     def fingerprint(self) -> str:
         """A hash of what determines the dataset (used to refuse resuming a different run)."""
         data = self.redacted()
-        # Engine knobs change speed and caps, not content, so a resume may change them.
-        data.pop("engine", None)
-        data.pop("license", None)
-        if data.get("scenarios") is None:  # runs without scenarios keep their fingerprint
-            data.pop("scenarios", None)
-            data.pop("scenarios_judge", None)
-        if data["personas"].get("source") is None:  # runs before personas.source keep theirs
-            data["personas"].pop("source", None)
-            data["personas"].pop("field_map", None)
-        # Settings added later are left out at their defaults, so the runs written before them
-        # keep their fingerprint (and can be resumed).
-        if not data["termination"].get("detectors"):
-            data["termination"].pop("detectors", None)
+        for key in _NOT_CONTENT:
+            data.pop(key, None)
         for b in data["backends"].values():
-            # structured_output is a transport detail (what is cached is the request itself).
-            for k in ("max_concurrency", "rpm", "tpm", "timeout_s", "max_attempts", "n_threads",
-                      "structured_output"):
-                b.pop(k, None)
-            # Whether code's replies may be replayed is a cache setting, like engine.cache.
-            b.pop("deterministic", None)
-            if b.get("target") is None:
-                b.pop("target", None)
+            for key in _BACKEND_NOT_CONTENT:
+                b.pop(key, None)
+        for where, switch, unset, keys in _ADDED_LATER:
+            sections = data["backends"].values() if where == "backends.*" else [
+                data if not where else data[where]]
+            for section in sections:
+                if section.get(switch) in unset:
+                    for key in keys:
+                        section.pop(key, None)
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
+
+#: Settings that change speed, caps or the cache, not what a run holds: out of the
+#: fingerprint, so a resume may change them.
+_NOT_CONTENT: tuple[str, ...] = ("engine", "license")
+#: The same for each backend (``structured_output`` is a transport detail: what is cached is
+#: the request itself; whether code's replies may be replayed is a cache setting).
+_BACKEND_NOT_CONTENT: tuple[str, ...] = (
+    "max_concurrency", "rpm", "tpm", "timeout_s", "max_attempts", "n_threads",
+    "structured_output", "deterministic",
+)
+#: Settings added after runs were first written: ``(section, switch, unset values, keys)``.
+#: While the switch that turns the feature on is unset, its keys are left out of the
+#: fingerprint, so the runs written before them keep theirs (and can be resumed). A new
+#: setting adds one line here. ``backends.*``: in every backend.
+_ADDED_LATER: tuple[tuple[str, str, tuple[Any, ...], tuple[str, ...]], ...] = (
+    ("", "scenarios", (None,), ("scenarios", "scenarios_judge")),
+    ("personas", "source", (None,), ("source", "field_map")),
+    ("termination", "detectors", (None, []), ("detectors",)),
+    ("backends.*", "target", (None,), ("target",)),
+)
 
 def data_path(kind: Literal["schemas", "configs"], name: str) -> Path:
     """Locate a bundled data file: the repository's folder, or the copy inside the wheel."""
