@@ -37,6 +37,7 @@ from spasm.dataset.rows import (
     PERSONA_HEAD,
     PERSONA_TAIL,
     ROW_MODELS,
+    SOURCE_COLUMN,
     Persona,
     arrow_schema,
     persona_of,
@@ -290,7 +291,8 @@ def test_a_malformed_column_stops_the_report_with_a_message_not_a_traceback(
 
 
 def test_persona_declares_the_fixed_columns_of_the_personas_table() -> None:
-    assert set(Persona.__annotations__) == set(PERSONA_HEAD) | set(PERSONA_TAIL)
+    # source_id: the personas table's last column in runs whose personas come from a file.
+    assert set(Persona.__annotations__) == set(PERSONA_HEAD) | set(PERSONA_TAIL) | set(SOURCE_COLUMN)
 
 
 def test_a_record_becomes_a_persona_only_with_an_id_and_a_card() -> None:

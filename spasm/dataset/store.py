@@ -80,10 +80,25 @@ def rows_to_table(table: str, model: type[Row], rows: Sequence[RowLike]) -> pa.T
         if isinstance(row, Row):
             raise FormatError(f"a {type(row).__name__} cannot be written to the {table} table")
         try:
-            records.append(model.model_validate(row).as_record())
+            records.append(model.model_validate(_without_absent(table, model, row)).as_record())
         except ValidationError as exc:
             raise FormatError(_validation_message(table, exc)) from None
     return pa.Table.from_pylist(records, arrow_schema(model))
+
+
+def _without_absent(table: str, model: type[Row], row: RowLike) -> RowLike:
+    """A row as a reader returns it, less the columns this run's table does not have: readers
+    show every column of the format (null where a run lacks it, e.g. the scenario columns of a
+    run without scenarios), so a row read from one run can be written to another. Only null
+    values of columns the format declares are dropped; anything else still fails validation."""
+    if not isinstance(row, Mapping):
+        return row
+    known = ROW_MODELS.get(table)
+    if known is None or known is model:
+        return row
+    absent = [k for k, v in row.items()
+              if v is None and k not in model.model_fields and k in known.model_fields]
+    return {k: v for k, v in row.items() if k not in absent} if absent else row
 
 
 #: Sort and de-duplication keys of the personas tables, whose models depend on the schema.
