@@ -299,6 +299,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if r.pairing == "all" and r.scenario_id == "all" and r.rate is not None:
                 print(f"Goal met ({r.condition}): {r.n_met}/{r.n} = {r.rate:.1%} "
                       f"[95% CI {r.ci_low or 0:.2f}, {r.ci_high or 0:.2f}]")
+    if metrics.group is not None:  # a group run: role confusion per condition
+        from spasm.evaluation.compare import group_text
+
+        print(group_text(metrics.group).lstrip("\n"))
     if metrics.llm is not None:
         u, d, e = metrics.llm, metrics.drift, metrics.echoing
         print(

@@ -4,7 +4,8 @@
 for every pair of conditions (the baseline — ECP when the run has it — against each other
 condition first, then each remaining pair in order: ``ecp − concat``, ``ecp − quoted``,
 ``concat − quoted``), pairs dialogues on (pairing, persona_id, conversation_index, seed,
-harness_level, and scenario_id in a run with scenarios) — several dialogues of one condition
+harness_level, scenario_id in a run with scenarios, and persona_set — the client seats'
+personas — in a group run) — several dialogues of one condition
 under one key are averaged first — and reports per metric: Δ = mean(first − second) with its
 95% t-interval, the paired Cohen's d_z with an approximate 95% interval,
 the paired t-test and Wilcoxon p-values, and the t-test p-value Holm-corrected across the
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
-from spasm.evaluation.metrics import GoalMetrics, Metrics
+from spasm.evaluation.metrics import GoalMetrics, GroupMetrics, Metrics
 from spasm.evaluation.realism import REALISM_METRICS
 from spasm.evaluation.stats import cohen_dz_interval, holm, mean_ci, paired_test
 
@@ -37,6 +38,7 @@ __all__ = [
     "GroupLevel",
     "compare_conditions",
     "comparison_text",
+    "group_text",
     "load_comparison",
     "write_comparison",
 ]
@@ -58,11 +60,28 @@ COMPARED_METRICS: tuple[str, ...] = (
     "language_compliance_client",
     "language_compliance_responder",
     "goal_met",
+    # Group runs (spasm.evaluation.group): role confusion per dialogue.
+    "group_impersonation",
+    "group_impersonation_share",
+    "group_echo",
+    "group_echo_max",
+    "group_silence",
+    "group_silence_rate",
+    "group_loop",
+    "group_loop_longest",
+    "group_drift_utterance",
+    "group_drift_concerns",
+    "group_drift_emotion",
+    "group_drift_motivation",
 )
 #: Dialogues of two conditions are the same "experiment" when these agree.
+#: ``scenario_id`` and ``persona_set`` (a group dialogue's client personas) count only in runs
+#: that have them.
 PAIR_KEY: tuple[str, ...] = (
     "pairing", "persona_id", "conversation_index", "seed", "harness_level", "scenario_id",
+    "persona_set",
 )
+_OPTIONAL_KEYS = ("scenario_id", "persona_set")
 
 
 class _Model(BaseModel):
@@ -202,7 +221,7 @@ def compare_conditions(
     for m in names:
         frame[m] = pd.to_numeric(frame[m].astype(float), errors="coerce")
     names = [m for m in names if np.isfinite(frame[m].to_numpy(dtype=float)).any()]
-    key = [k for k in PAIR_KEY if k in frame and (k != "scenario_id" or frame[k].notna().any())]
+    key = [k for k in PAIR_KEY if k in frame and (k not in _OPTIONAL_KEYS or frame[k].notna().any())]
     notes: list[str] = []
     if "seed" not in frame:
         notes.append("per_dialogue.parquet has no seed column (an older evaluation): paired without it.")
@@ -382,6 +401,8 @@ def comparison_text(metrics: Metrics, comparison: Comparison | None = None) -> s
     parts.append(pd.DataFrame(rows).to_string(index=False) if rows else "  (no dialogues)")
     if metrics.goals is not None:
         parts.append(goal_text(metrics.goals))
+    if metrics.group is not None:
+        parts.append(group_text(metrics.group))
     if comparison is not None:
         parts.append(_contrast_text(comparison))
     return "\n".join(parts) + "\n"
@@ -402,6 +423,30 @@ def goal_text(goals: GoalMetrics) -> str:
     ]
     head = f"\nGoal success ({goals.scenarios} scenarios; Wilson 95% CI; undecided: no verdict)"
     return head + "\n" + (pd.DataFrame(rows).to_string(index=False) if rows else "  (no dialogues)")
+
+
+def group_text(group: GroupMetrics) -> str:
+    """Role confusion of a group run per condition: the share of dialogues each detector flags
+    (Wilson 95% CI) and the mean impersonation share, highest pair copy and longest loop (t CI)."""
+    rates = {(r.metric, r.condition): r for r in group.rates}
+    stats = {(s.metric, s.condition): s for s in group.stats}
+    conditions = list(dict.fromkeys(r.condition for r in group.rates))
+    rows = []
+    for cond in conditions:
+        row: dict[str, object] = {"condition": cond, "n": rates[("impersonation", cond)].n}
+        for metric in ("impersonation", "echo", "silence", "loop"):
+            r = rates[(metric, cond)]
+            row[metric] = _ci(r.rate, r.ci_low, r.ci_high)
+        for metric, label in (("impersonation_share", "imp. share"), ("echo_max", "max copy"),
+                              ("loop_longest", "longest A-B")):
+            st = stats.get((metric, cond))
+            row[label] = ("—" if st is None
+                          else f"{_num(st.mean, 2)} [{_num(st.ci_low, 2)}, {_num(st.ci_high, 2)}]")
+        rows.append(row)
+    head = (f"\nGroup role confusion ({group.dialogues} dialogues, up to {group.participants_max} "
+            "participants; share of dialogues flagged, Wilson 95% CI; means with t 95% CI)")
+    body = pd.DataFrame(rows).to_string(index=False) if rows else "  (no group dialogues)"
+    return head + "\n" + body + "".join(f"\n  note: {n}" for n in group.notes)
 
 
 def _contrast_text(comparison: Comparison) -> str:

@@ -22,6 +22,11 @@ __all__ = [
     "EchoOnsetCurve",
     "EchoRate",
     "EchoingMetrics",
+    "GroupExample",
+    "GroupMetrics",
+    "GroupParticipantStat",
+    "GroupRate",
+    "GroupStat",
     "JudgeAgreement",
     "JudgeDisagreement",
     "JudgeEnsemble",
@@ -365,6 +370,75 @@ class GoalMetrics(_Model):
     scenarios: int
 
 
+class GroupRate(_Model):
+    """Share of a condition's group dialogues a detector flags, with a Wilson 95% interval."""
+
+    metric: Literal["impersonation", "echo", "silence", "loop"]
+    condition: str = Field(description="a condition, or 'all'")
+    n: int
+    n_flagged: int
+    rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class GroupStat(_Model):
+    """Mean of a per-dialogue group metric over a condition, with a t 95% interval."""
+
+    metric: str = Field(description="impersonation_share, echo_max, silence_rate, loop_longest, drift_<dim>")
+    condition: str = Field(description="a condition, or 'all'")
+    n: int = Field(description="dialogues where the metric is defined")
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class GroupParticipantStat(_Model):
+    """One participant id under one condition, over the dialogues it sits in."""
+
+    participant_id: str
+    role: str
+    condition: str
+    n_dialogues: int
+    n_utterances: int
+    impersonations: int = Field(description="its utterances that speak as another participant")
+    impersonation_share: float | None = Field(description="mean per-dialogue share of its utterances")
+    impersonation_ci_low: float | None
+    impersonation_ci_high: float | None
+    addressed: int = Field(description="times it was named with a full window to answer")
+    silences: int = Field(description="of those, times it did not speak within the window")
+    echo_max: float | None = Field(description="mean over dialogues of its highest copy share from anyone")
+    drift_utterance: float | None = Field(description="client seats: mean drift vs its opening utterance")
+
+
+class GroupExample(_Model):
+    """A flagged utterance or dialogue, with its evidence (for the report)."""
+
+    kind: Literal["impersonation", "echo", "silence", "loop"]
+    dialogue_id: str
+    condition: str
+    turn_index: int | None = Field(description="0-based utterance position")
+    participant: str = Field(description="who impersonates, copies, stays silent, or loops")
+    other: str = Field(description="whom it impersonates or copies, who addressed it, its loop partner")
+    evidence: str
+    score: float | None = None
+
+
+class GroupMetrics(_Model):
+    """Role confusion in group dialogues (runs with a participants table)."""
+
+    dialogues: int
+    participants_max: int
+    echo_threshold: float
+    loop_min: int
+    definitions: dict[str, str]
+    rates: list[GroupRate]
+    stats: list[GroupStat]
+    by_participant: list[GroupParticipantStat]
+    examples: list[GroupExample] = Field(description="up to 10 per kind")
+    notes: list[str] = Field(default_factory=list)
+
+
 class LanguageMetrics(_Model):
     """Language compliance (an offline identifier on every utterance long enough)."""
 
@@ -395,5 +469,6 @@ class Metrics(_Model):
     judges: JudgeEnsemble | None = Field(None, description="per-judge results (--judge-backend)")
     language: LanguageMetrics | None = Field(None, description="language compliance")
     goals: GoalMetrics | None = Field(None, description="goal success (runs with scenarios)")
+    group: GroupMetrics | None = Field(None, description="role confusion (group runs)")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

@@ -52,6 +52,7 @@ from spasm.evaluation.embeddings import (
 )
 from spasm.evaluation.figures import write_figures
 from spasm.evaluation.goals import goal_metrics
+from spasm.evaluation.group import GroupResult, group_stage
 from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
 from spasm.evaluation.language import language_scan
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
@@ -83,6 +84,8 @@ __all__ = ["EVAL_DIRNAME", "evaluate", "load_metrics", "load_per_dialogue"]
 EVAL_DIRNAME = "eval"
 METRICS_FILE = "metrics.json"
 PER_DIALOGUE_FILE = "per_dialogue.parquet"
+#: Group runs only: one row per (dialogue, participant) of the group detectors.
+PER_PARTICIPANT_FILE = "per_participant.parquet"
 COMPARE_FILE = "compare.json"
 REPORT_FILE = "report.html"
 CACHE_DIRNAME = "embeddings-cache"
@@ -192,7 +195,7 @@ def evaluate(
         _check_baseline(data, baseline)
     timings["load"] = time.perf_counter() - t_start
     with llm_cm as llm:  # on exit, the LLM calls are appended to the run's call log
-        metrics, per_dialogue = _evaluate(
+        metrics, per_dialogue, per_participant = _evaluate(
             data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
             retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
             show=show, timings=timings, reference=reference, consistency=consistency,
@@ -208,6 +211,11 @@ def evaluate(
         mark_output(out, "eval")
         atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
         atomic_write_table(out / PER_DIALOGUE_FILE, pa.Table.from_pandas(per_dialogue, preserve_index=False))
+        if per_participant is not None:
+            atomic_write_table(out / PER_PARTICIPANT_FILE,
+                               pa.Table.from_pandas(per_participant, preserve_index=False))
+        else:  # a stale file of an earlier evaluation must not describe this run
+            (out / PER_PARTICIPANT_FILE).unlink(missing_ok=True)
         write_comparison(comparison, out / COMPARE_FILE)
         figures = report_figures(metrics, per_dialogue, comparison)
         write_figures(out, figures)  # the same figures as data, for the viewer
@@ -253,8 +261,9 @@ def _evaluate(
     reference: str | Path | None = None,
     consistency: bool = False,
     ensemble: bool = False,
-) -> tuple[Metrics, pd.DataFrame]:
-    """The stages, timed; see :func:`evaluate`."""
+) -> tuple[Metrics, pd.DataFrame, pd.DataFrame | None]:
+    """The stages, timed; see :func:`evaluate`. The third value: the group detectors' rows
+    per participant (group runs only)."""
     convs = data.conversations
     inner = (
         create_embedder(embedder, **dict(embedder_options or {})) if isinstance(embedder, str) else embedder
@@ -297,6 +306,11 @@ def _evaluate(
     realism_cols = realism_cols.join(pd.DataFrame.from_dict(language_cols, orient="index"))
     timings["language"] = time.perf_counter() - t0
 
+    t0 = time.perf_counter()
+    group: GroupResult | None = group_stage(data.run_dir, convs, personas, embed)
+    if group is not None:
+        timings["group"] = time.perf_counter() - t0
+
     consistency_metrics: ConsistencyMetrics | None = None
     consistency_by_judge = None
     if consistency and llm is not None:
@@ -337,10 +351,16 @@ def _evaluate(
         judges=ensemble_metrics,
         language=language,
         goals=goal_metrics(convs),
+        group=group.metrics if group is not None else None,
         llm=llm.usage() if llm is not None else None,
         timings={},
     )
-    return metrics, _per_dialogue(convs, means, verdicts, pca_xy, realism_cols, echo_threshold)
+    frame = _per_dialogue(convs, means, verdicts, pca_xy, realism_cols, echo_threshold)
+    if group is None:
+        return metrics, frame, None
+    # Group runs: the group_* columns (and persona_set, the pairing key of group twins).
+    frame = frame.join(group.per_dialogue, on="dialogue_id")
+    return metrics, frame, group.per_participant
 
 
 def _embed_utterances(convs: list[Conversation], embed: Embed) -> _Vectors:
