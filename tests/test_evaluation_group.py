@@ -201,7 +201,8 @@ def test_seat_drift_runs_the_drift_metric_on_each_client_seat() -> None:
 
 
 class GroupTurnRow(TurnRow):
-    """The turns of a group run as issue 19 stores them: the role beside the participant id."""
+    """The turns of a group run as issue 19 stores them: the role beside the participant id
+    (spasm.dataset.rows.GroupTurnRow once it is committed; the same columns)."""
 
     role: OptStr = None
     next_speaker_reason: OptStr = None
@@ -256,8 +257,11 @@ def _write_group_run(run: Path, n: int = 4) -> Path:
     store = RunStore(run)
     store.create()
     store.set_persona_fields(schema.field_names, schema.integer_fields())
-    store.models["turns"] = GroupTurnRow  # what declare_group will declare (issue 19 item 6)
-    store.models["participants"] = ParticipantRow
+    if hasattr(store, "declare_group"):  # the store's own group declaration (issue 19 item 6)
+        store.declare_group()
+    else:  # the same columns, declared here until it lands
+        store.models["turns"] = GroupTurnRow
+    store.models.setdefault("participants", ParticipantRow)
     personas = [{"persona_id": pid, "persona_index": i, "card": f"{name} is in a support group.",
                  "concern": f"{name}'s worry"}
                 for i, (pid, name) in enumerate([("p-ana", "Ana"), ("p-ben", "Ben"), ("p-cleo", "Cleo")])]
@@ -365,3 +369,19 @@ def test_a_two_party_run_gets_no_group_columns(tmp_path: Path) -> None:
     per = pd.read_parquet(run / "eval" / "per_dialogue.parquet")
     assert not [c for c in per.columns if c.startswith("group_") or c == "persona_set"]
     assert not (run / "eval" / "per_participant.parquet").exists()
+
+
+def test_a_participants_table_without_ids_is_a_user_error(tmp_path: Path) -> None:
+    from spasm.errors import UserError
+
+    class Seat(Row):
+        table: ClassVar[str] = "participants"
+        keys: ClassVar[tuple[str, ...]] = ("dialogue_id",)
+        dialogue_id: Str
+
+    run = _write_group_run(tmp_path / "run", n=1)
+    store = RunStore(run)
+    store.models["participants"] = Seat
+    store.replace_table("participants", [{"dialogue_id": "g-k0-smol-smol-ecp"}])
+    with pytest.raises(UserError, match="participant_id"):
+        evaluate(run, embedder="lookup", progress=False, write=False)
