@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -64,6 +65,61 @@ def responder_system_prompt(
         + (f" The conversation is in {name}: write every reply in {name}." if name else "")
     )
     return f"{base}\n\n{instructions}" if instructions else base
+
+
+def _names(ids: Sequence[str]) -> str:
+    """``Ana``, ``Ana and Ben``, ``Ana, Ben and Carla``."""
+    return ids[0] if len(ids) == 1 else f"{', '.join(ids[:-1])} and {ids[-1]}"
+
+
+def group_presence(me: str, seats: Sequence[tuple[str, str, str]]) -> str:
+    """Who else is in a group conversation, named from ``me``'s side (``seats``: id, role and
+    the responder role of each participant, in order), so no participant has to guess how many
+    others there are."""
+    clients = [pid for pid, role, _ in seats if role == "client" and pid != me]
+    helpers = [f"{pid} (the {rrole})" for pid, role, rrole in seats if role == "responder" and pid != me]
+    parts = []
+    if clients:
+        parts.append(f"{_names(clients)} ({'another person' if len(clients) == 1 else 'other people'} "
+                     "seeking help)")
+    if helpers:
+        parts.append(_names(helpers))
+    return (f"This is a group conversation with {len(seats)} participants. You appear in it as "
+            f"{me}; the others present are {' and '.join(parts)}. Each message is labelled with "
+            "its speaker's name.")
+
+
+def group_client_system_prompt(card: str, me: str, seats: Sequence[tuple[str, str, str]],
+                               instructions: str | None = None) -> str:
+    """A client seat's frame: its persona card, who is present, how to behave in a group."""
+    base = (
+        f"{card}\n\n{group_presence(me, seats)} You are one of the people seeking help: stay "
+        "this person throughout, with your own concern, feelings and way of speaking, and speak "
+        "only for yourself, in the first person. Never write another participant's lines or "
+        "speak for them, and do not start your message with a name. Write short chat messages "
+        "(one to three sentences). When your concern is settled or you want to leave, say "
+        "goodbye naturally."
+    )
+    return f"{base}\n\n{instructions}" if instructions else base
+
+
+def group_responder_system_prompt(role: str, me: str, seats: Sequence[tuple[str, str, str]],
+                                  instructions: str | None = None) -> str:
+    """A responder seat's frame: its role, who is present, how to lead (never a card)."""
+    base = (
+        f"You are a {role}. {group_presence(me, seats)} Help each of them with care and "
+        "competence, address people by name, ask a question when you need more information, "
+        "and keep each reply short (two to four sentences). Stay in your role, write only your "
+        "own message, and do not start it with a name."
+    )
+    return f"{base}\n\n{instructions}" if instructions else base
+
+
+def strip_own_label(text: str, me: str) -> str:
+    """A group reply without the speaker's own name in front ("Ana: …", "**Ana:** …"); other
+    participants' names are left where they are (impersonation is measured, not hidden)."""
+    return re.sub(rf"^\s*(?:\*\*)?{re.escape(me)}(?:\*\*)?\s*:\s*(?:\*\*)?\s*", "", text,
+                  count=1, flags=re.I)
 
 
 _LABEL_PREFIX = re.compile(r"^\s*(?:\*\*)?(client|responder|user|assistant)(?:\*\*)?\s*:\s*", re.I)
@@ -162,7 +218,7 @@ class TurnAgent(Protocol):
 
     @property
     def speaker(self) -> Speaker:
-        """``client`` or ``responder``."""
+        """``client`` or ``responder`` (in a group dialogue: the participant's id)."""
         ...
 
     @property
@@ -228,6 +284,8 @@ class PlainAgent:
         )
         completion = await session.complete(role or self.speaker, self.backend, request)
         text = clean_reply(completion.text, completion.finish_reason == "length")
+        if self.viewer.group is not None:
+            text = strip_own_label(text, self.speaker)
         if not text:
             text = completion.text.strip()
         return Draft(text, completion, messages, share * completion.prompt_tokens)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from spasm.errors import ConfigError
 from spasm.redact import redact_url
-from spasm.registry import BACKENDS, DETECTORS, PROJECTIONS
+from spasm.registry import BACKENDS, DETECTORS, NEXT_SPEAKERS, PROJECTIONS
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 
@@ -355,8 +355,56 @@ class HarnessConfig(_Strict):
         )
 
 
+#: A participant's id: a short name, as it stands in transcripts ("Ana: …") and dialogue ids.
+PARTICIPANT_ID = r"^[A-Za-z][A-Za-z0-9_]{0,23}$"
+
+
+class ParticipantConfig(_Strict):
+    """One seat of a group dialogue: a ``client`` seat is filled by a persona, a ``responder``
+    seat speaks from its role and instructions."""
+
+    id: str = Field(pattern=PARTICIPANT_ID)
+    role: Literal["client", "responder"]
+    backend: str
+    #: A responder seat's role ("peer-support facilitator"; default ``dialogue.responder_role``)
+    #: and extra instructions; a client seat's instructions are added to its frame.
+    responder_role: str | None = None
+    instructions: str | None = None
+    #: Harness level: group dialogues run at level A for now.
+    level: Literal["A"] = "A"
+
+
+class GroupConfig(_Strict):
+    """How a group dialogue runs (with ``participants:``)."""
+
+    #: A registered next-speaker policy (:mod:`spasm.turn_order`): ``round_robin``,
+    #: ``addressed``, ``random``, ``llm`` or a plugin's.
+    next_speaker: str = "round_robin"
+    #: The dialogue ends at this many utterances if nothing ends it before.
+    max_utterances: int = Field(12, ge=2, le=1000)
+    #: Who speaks first (a participant id); default: the first participant.
+    opener: str | None = None
+    #: Whether a participant may speak twice in a row (``random`` and ``llm``).
+    allow_repeat: bool = False
+    #: How ECP names the other speakers: a "Name: " prefix, or the protocol's ``name`` field.
+    speaker_names: Literal["prefix", "name_field"] = "prefix"
+    #: The backend of the ``llm`` policy's moderator (default: the first responder seat's).
+    moderator_backend: str | None = None
+    #: Group dialogues per condition; default: as many as the personas fill without a persona
+    #: taking two seats of one dialogue (personas ÷ client seats, at least one).
+    dialogues: int | None = Field(None, ge=1)
+
+    @field_validator("next_speaker")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in NEXT_SPEAKERS:
+            raise ValueError(f"unknown next-speaker policy {v!r}; known: {NEXT_SPEAKERS.names()}")
+        return v
+
+
 class RunConfig(_Strict):
-    """A whole run: personas × conversations × pairings × conditions."""
+    """A whole run: personas × conversations × pairings × conditions (or, with
+    ``participants:``, group dialogues × conditions)."""
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9._-]+$")
     #: Stored as a 64-bit integer (the personas' and dialogues' ``seed`` columns).
@@ -378,6 +426,9 @@ class RunConfig(_Strict):
     scenarios: str | list[dict[str, Any]] | None = None
     #: The goal judge of a run with scenarios.
     scenarios_judge: GoalJudgeConfig = GoalJudgeConfig()
+    #: Group dialogues: the seats, in turn order (replaces ``pairings`` for the run).
+    participants: list[ParticipantConfig] | None = None
+    group: GroupConfig = GroupConfig()
     #: The dataset's license for export cards (a Hub id such as ``cc-by-4.0``); not part of
     #: what determines the data, so changing it never blocks a resume.
     license: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9.+_-]+$")
@@ -433,8 +484,10 @@ class RunConfig(_Strict):
             raise ValueError("pairings is empty: list at least one {client, responder} pairing, "
                              "or write pairings: grid")
         names = set(self.backends)
-        refs = [(p.client, "pairings") for p in self.pairing_list] + [
-            (p.responder, "pairings") for p in self.pairing_list
+        # A group run's seats name their backends (checked with the seats, _check_group).
+        pairings = [] if self.participants is not None else self.pairing_list
+        refs = [(p.client, "pairings") for p in pairings] + [
+            (p.responder, "pairings") for p in pairings
         ]
         if self.personas.backend:
             refs.append((self.personas.backend, "personas.backend"))
@@ -450,11 +503,57 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_group(self) -> RunConfig:
+        seats = self.participants
+        if seats is None:
+            return self
+        where = "participants"
+        if self.pairings != type(self).model_fields["pairings"].default:
+            raise ValueError("participants replaces pairings in a group run: give one or the other")
+        if len(seats) < 2:
+            raise ValueError(f"{where}: a group dialogue needs at least two participants")
+        roles = [s.role for s in seats]
+        if "client" not in roles or "responder" not in roles:
+            raise ValueError(f"{where}: at least one client seat and one responder seat are needed")
+        ids = [s.id.lower() for s in seats]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"{where}: ids repeat (ignoring case): {dup}")
+        for s in seats:
+            if s.backend not in self.backends:
+                raise ValueError(f"{where}: {s.id} names backend {s.backend!r}, not one of "
+                                 f"{sorted(self.backends)}")
+        g = self.group
+        if g.opener is not None and g.opener not in [s.id for s in seats]:
+            raise ValueError(f"group.opener {g.opener!r} is not a participant id")
+        if g.moderator_backend is not None and g.moderator_backend not in self.backends:
+            raise ValueError(f"group.moderator_backend names backend {g.moderator_backend!r}, "
+                             f"not one of {sorted(self.backends)}")
+        if self.harness.active:
+            raise ValueError("group dialogues run at harness level A for now: remove the "
+                             "harness settings (levels, client, responder, audit, recall_probe)")
+        if self.scenarios is not None:
+            raise ValueError("scenarios are for two-party dialogues; a group run has none yet")
+        return self
+
+    @property
+    def group_plan(self) -> tuple[int, int] | None:
+        """``(group dialogues per condition, client seats)`` of a group run, else ``None``
+        (for personas from a file without ``n`` the engine counts the rows)."""
+        if self.participants is None:
+            return None
+        seats = sum(1 for s in self.participants if s.role == "client")
+        n = self.group.dialogues or max(1, (self.personas.n or seats) // seats)
+        return n, seats
+
+    @model_validator(mode="after")
     def _check_plan_size(self) -> RunConfig:
         levels = len(self.harness.levels) if self.harness.levels else 1
         # A source without n: its rows are counted when it is read (the engine checks again).
         factors = [self.personas.n or 1, self.conversations_per_persona, len(self.pairing_list),
                    len(self.conditions), levels]
+        if self.group_plan is not None:
+            factors = [self.group_plan[0], 1, 1, len(self.conditions), 1]
         planned = 1
         for f in factors:
             planned *= f
@@ -471,7 +570,13 @@ class RunConfig(_Strict):
 
     @property
     def pairing_list(self) -> list[PairingConfig]:
-        """The pairings, with ``grid`` expanded to every (client, responder) combination."""
+        """The pairings, with ``grid`` expanded to every (client, responder) combination; in a
+        group run, the first client seat's and first responder seat's backends."""
+        if self.participants is not None:
+            client = next((s.backend for s in self.participants if s.role == "client"), None)
+            helper = next((s.backend for s in self.participants if s.role == "responder"), None)
+            seats = [s.backend for s in self.participants]
+            return [PairingConfig(client=client or seats[0], responder=helper or seats[-1])]
         if self.pairings == "grid":
             return [PairingConfig(client=c, responder=r) for c in self.backends for r in self.backends]
         return list(self.pairings)
@@ -522,6 +627,7 @@ _ADDED_LATER: tuple[tuple[str, str, tuple[Any, ...], tuple[str, ...]], ...] = (
     ("personas", "source", (None,), ("source", "field_map")),
     ("termination", "detectors", (None, []), ("detectors",)),
     ("backends.*", "target", (None,), ("target",)),
+    ("", "participants", (None,), ("participants", "group")),
 )
 
 def data_path(kind: Literal["schemas", "configs"], name: str) -> Path:

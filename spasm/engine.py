@@ -56,6 +56,8 @@ FLUSH_AFTER_S = 10.0
 
 #: The tables every finished run has (possibly empty).
 TABLES = ("personas", "persona_rejections", "dialogues", "turns", "calls", "errors")
+#: And in a group run (``participants:``), who took part in each dialogue.
+GROUP_TABLES = (*TABLES, "participants")
 
 
 def _prune_resolved_errors(store: RunStore) -> None:
@@ -104,6 +106,10 @@ class Engine:
         self.store = RunStore(self.run_dir)
         if config.scenarios is not None:  # its dialogues table has the scenario columns
             self.store.declare_scenarios()
+        if config.participants is not None:  # its turns have the group columns
+            self.store.declare_group()
+        #: The tables this run has when it is finished.
+        self.tables = GROUP_TABLES if config.participants is not None else TABLES
         self._started = ""
         #: Digest of the persona schema the run's personas were drawn from (config.json).
         self._persona_schema: str | None = None
@@ -199,7 +205,7 @@ class Engine:
     def _manifest(self, summary: RunSummary, caller: Caller, status: str, started: str) -> None:
         write_json(self.run_dir / "manifest.json", manifest_record(
             summary, caller, self.config, status=status, started=started,
-            shard=self._shard_record, tables=TABLES,
+            shard=self._shard_record, tables=self.tables,
         ))
 
     async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
@@ -280,8 +286,9 @@ class Engine:
         t0 = time.perf_counter()
         # Dialogue ids are unique by construction; a plan that repeats one (a bug) stops here,
         # before any call. The full plan, with the drawn personas, is checked again in _run.
-        for _ in plan(self.config, [{"persona_id": "p"}]):
-            pass
+        if self.config.participants is None:  # a group plan needs the drawn personas
+            for _ in plan(self.config, [{"persona_id": "p"}]):
+                pass
         backends = self._backends if self._backends is not None else make_backends(self.config)
         try:
             for b in backends.values():
@@ -401,7 +408,7 @@ class Engine:
                 if finished and summary.completed == summary.planned:
                     await anyio.to_thread.run_sync(_prune_resolved_errors, store)
                     await anyio.to_thread.run_sync(
-                        complete_run, store, self.run_dir, TABLES, self.config.harness)
+                        complete_run, store, self.run_dir, self.tables, self.config.harness)
                     status = "failed" if summary.failed else "complete"
                 else:
                     status = (
@@ -565,6 +572,9 @@ class _Scheduler:
                 "errors": [r.error for r in batch if r.error is not None],
                 "dialogues": [r.dialogue for r in batch if r.dialogue is not None],
             }
+            participants = [p for r in batch for p in r.participants]
+            if participants:  # group runs only: other runs have no such table
+                tables["participants"] = participants
             name = f"{self.batch_no:06d}-{datetime.now(UTC).strftime('%H%M%S%f')}"
             engine = self.engine
             await anyio.to_thread.run_sync(engine.store.write_batch, name, tables)

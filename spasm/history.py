@@ -10,7 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-Speaker = Literal["client", "responder"]
+#: Who spoke: a participant's id. In a two-party dialogue the ids are the roles themselves,
+#: ``client`` and ``responder``; in a group dialogue they are the participants' short names.
+Speaker = str
+#: The two sides a participant can take.
+Role = Literal["client", "responder"]
 
 @dataclass(frozen=True, slots=True)
 class Utterance:

@@ -11,6 +11,12 @@ spasm and others can be added with :func:`register_projection`.
 * ``concat`` (the SPASM baseline): both viewers get the same neutral transcript with absolute
   labels ("Client: …", "Responder: …") in one ``user`` message, followed by an instruction to
   continue as their role.
+* In a **group** dialogue (``Viewer.group``: the participants' ids, in order) every
+  projection names the speakers: under ``ecp`` every other participant's turn is a ``user``
+  message of its own, carrying the speaker's id as a "Name: " prefix or the protocol's ``name``
+  field (``Viewer.speaker_names``), under ``concat`` the transcript labels each line with the
+  speaker's id, under ``quoted`` the viewer's own lines are "You" and the others' their ids.
+  Two-party viewers (``group`` unset) see exactly what they saw before groups existed.
 * ``quoted`` (egocentric labels without chat roles): the history as one quoted transcript in a
   ``user`` message, labelled from the viewer's side — "You: …" for the viewer's own turns, "The
   <responder role>: …" for the Responder's as the Client sees them, "The person: …" for the
@@ -51,6 +57,25 @@ class Viewer:
     #: The Responder's role (``dialogue.responder_role``): the Client's label for its partner
     #: under ``quoted`` ("The customer-service agent"); ``None``: "The other person".
     responder_role: str | None = None
+    #: A group dialogue: every participant's id, in order (``None``: a two-party dialogue).
+    group: tuple[str, ...] | None = None
+    #: How a group's ECP names the speaker of a ``user`` message: ``prefix`` ("Ana: …") or
+    #: ``name_field`` (the OpenAI ``name`` field, for backends that accept it).
+    speaker_names: Literal["prefix", "name_field"] = "prefix"
+
+
+#: CONCAT's instruction in a group dialogue (``Viewer.continue_instruction``): ``{label}`` is
+#: the participant's id.
+GROUP_CONTINUE = ("Continue the conversation as {label}. Write only {label}'s next message, "
+                  "without the '{label}:' prefix.")
+
+
+def group_viewer(speaker: Speaker, system_prompt: str, group: tuple[str, ...], *,
+                 responder_role: str | None = None,
+                 speaker_names: Literal["prefix", "name_field"] = "prefix") -> Viewer:
+    """A group participant's viewer (what the run gives it and what a reader rebuilds)."""
+    return Viewer(speaker, system_prompt, continue_instruction=GROUP_CONTINUE,
+                  responder_role=responder_role, group=group, speaker_names=speaker_names)
 
 
 def messages_digest(messages: list[Message]) -> str:
@@ -99,25 +124,38 @@ def ecp(history: History, viewer: Viewer) -> list[Message]:
     if len(history) == 0 or history[0].speaker == viewer.speaker:
         messages.append({"role": "user", "content": viewer.opening})
     for u in history:
-        role: Literal["user", "assistant"] = "assistant" if u.speaker == viewer.speaker else "user"
-        messages.append({"role": role, "content": u.content})
+        if u.speaker == viewer.speaker:
+            messages.append({"role": "assistant", "content": u.content})
+        elif viewer.group is None:
+            messages.append({"role": "user", "content": u.content})
+        elif viewer.speaker_names == "name_field":
+            messages.append({"role": "user", "content": u.content, "name": u.speaker})
+        else:
+            messages.append({"role": "user", "content": f"{u.speaker}: {u.content}"})
     return messages
 
 
-def transcript(history: History) -> str:
+def label(speaker: Speaker, viewer: Viewer | None = None) -> str:
+    """A speaker's absolute label: "Client"/"Responder" in a two-party dialogue, the
+    participant's id in a group (also for readers without a viewer, such as the judge)."""
+    if viewer is not None and viewer.group is not None:
+        return speaker
+    return SPEAKER_LABELS.get(speaker, speaker)
+
+
+def transcript(history: History, viewer: Viewer | None = None) -> str:
     """The history as absolutely labelled lines, the same for every viewer."""
-    return "\n".join(f"{SPEAKER_LABELS[u.speaker]}: {u.content}" for u in history)
+    return "\n".join(f"{label(u.speaker, viewer)}: {u.content}" for u in history)
 
 
 @register_projection("concat")
 def concat(history: History, viewer: Viewer) -> list[Message]:
     """The same neutral transcript for both viewers, then 'continue as your role'."""
-    label = SPEAKER_LABELS[viewer.speaker]
-    instruction = viewer.continue_instruction.format(label=label)
+    instruction = viewer.continue_instruction.format(label=label(viewer.speaker, viewer))
     if len(history) == 0:
         body = f"{viewer.opening}\n\n{instruction}"
     else:
-        body = f"Conversation so far:\n{transcript(history)}\n\n{instruction}"
+        body = f"Conversation so far:\n{transcript(history, viewer)}\n\n{instruction}"
     return [
         {"role": "system", "content": viewer.system_prompt},
         {"role": "user", "content": body},
@@ -135,7 +173,10 @@ QUOTED_INSTRUCTION = (
 
 
 def quoted_labels(viewer: Viewer) -> dict[Speaker, str]:
-    """The labels ``quoted`` gives each speaker, from ``viewer``'s side."""
+    """The labels ``quoted`` gives each speaker, from ``viewer``'s side (in a group: "You" and
+    the other participants' ids)."""
+    if viewer.group is not None:
+        return {p: QUOTED_SELF if p == viewer.speaker else p for p in viewer.group}
     if viewer.speaker == "client":
         partner = f"The {viewer.responder_role}" if viewer.responder_role else "The other person"
         return {"client": QUOTED_SELF, "responder": partner}

@@ -16,7 +16,7 @@ import importlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-__all__ = ["BACKENDS", "DETECTORS", "PROJECTIONS", "Registry"]
+__all__ = ["BACKENDS", "DETECTORS", "NEXT_SPEAKERS", "PROJECTIONS", "Registry"]
 
 T = TypeVar("T")
 
@@ -90,4 +90,9 @@ DETECTORS: Registry[Callable[..., object]] = Registry(
 PROJECTIONS: Registry[Callable[..., object]] = Registry(
     "projection",
     {"ecp": "spasm.projection", "concat": "spasm.projection", "quoted": "spasm.projection"},
+)
+#: Next-speaker policies of group dialogues by name (:mod:`spasm.turn_order`): ``group.next_speaker``.
+NEXT_SPEAKERS: Registry[Callable[..., object]] = Registry(
+    "next-speaker policy",
+    {name: "spasm.turn_order" for name in ("round_robin", "addressed", "random", "llm")},
 )

@@ -1,5 +1,6 @@
 """One planned dialogue of a run: its agents, chain and session chosen, the dialogue run,
-its rows built (the run layer around :func:`spasm.simulation.simulate_dialogue`).
+its rows built (the run layer around :func:`spasm.simulation.simulate_dialogue`, and around
+:func:`spasm.simulation.simulate_group` for a :class:`GroupSpec`).
 
 :func:`build_agents` is the one place that chooses a plain or a harnessed agent for a level
 (through :func:`spasm.harness.factory.harness_agents`); the dialogue is handed the agents, the
@@ -15,21 +16,39 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from spasm.agents import PlainAgent, TurnAgent, client_system_prompt, responder_system_prompt
+from spasm.agents import (
+    PlainAgent,
+    TurnAgent,
+    client_system_prompt,
+    group_client_system_prompt,
+    group_responder_system_prompt,
+    responder_system_prompt,
+)
 from spasm.calls import Caller
-from spasm.config import PairingConfig, RunConfig
-from spasm.dataset.rows import CallRow, DialogueRow, ErrorRow, ScenarioDialogueRow, TurnRow
+from spasm.config import PairingConfig, ParticipantConfig, RunConfig
+from spasm.dataset.rows import (
+    CallRow,
+    DialogueRow,
+    ErrorRow,
+    ParticipantRow,
+    ScenarioDialogueRow,
+    TurnRow,
+)
 from spasm.errors import BudgetExceededError, RunError
 from spasm.goals import GOAL_REACHED, GoalDetector, GoalVerdict, judge_goal
 from spasm.harness.factory import harness_agents, harness_hooks
 from spasm.harness.levels import level_label
-from spasm.projection import Viewer
+from spasm.projection import Viewer, group_viewer
 from spasm.scenarios import Scenario, client_card, responder_context
 from spasm.session import DialogueSession
-from spasm.simulation import Conversation, simulate_dialogue
+from spasm.simulation import Conversation, simulate_dialogue, simulate_group
 from spasm.termination import DetectorSetup, TerminationChain, make_detector
+from spasm.turn_order import Seat, TurnOrderSetup, make_next_speaker
 
-__all__ = ["DialogueResult", "DialogueSpec", "build_agents", "build_chain", "run_dialogue"]
+__all__ = [
+    "DialogueResult", "DialogueSpec", "GroupSeat", "GroupSpec", "build_agents", "build_chain",
+    "run_dialogue",
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,24 @@ class DialogueSpec:
     scenario: Scenario | None = None
 
 
+@dataclass(frozen=True)
+class GroupSeat:
+    """One seat of a planned group dialogue: its participant and, for a client seat, the
+    persona that fills it."""
+
+    participant: ParticipantConfig
+    persona: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class GroupSpec(DialogueSpec):
+    """A planned group dialogue. ``persona`` is the first client seat's and ``pairing`` the
+    first client and responder seats' backends (what the dialogues table, the summary and the
+    estimate name); ``seats`` are all of them, in turn order."""
+
+    seats: tuple[GroupSeat, ...] = ()
+
+
 @dataclass
 class DialogueResult:
     """Rows for each table produced by one dialogue."""
@@ -57,6 +94,8 @@ class DialogueResult:
     turns: list[TurnRow] = field(default_factory=list)
     calls: list[CallRow] = field(default_factory=list)
     error: ErrorRow | None = None
+    #: A group dialogue's participants (the ``participants`` table).
+    participants: list[ParticipantRow] = field(default_factory=list)
 
 
 def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, TurnAgent]:
@@ -91,14 +130,17 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
     return client, responder
 
 
-def build_chain(config: RunConfig, caller: Caller, spec: DialogueSpec) -> TerminationChain:
+def build_chain(
+    config: RunConfig, caller: Caller, spec: DialogueSpec,
+    participants: tuple[str, ...] | None = None,
+) -> TerminationChain:
     """The termination chain configured for the run: the rules, the judge, then the detectors
     ``termination.detectors`` names (registered ones: :func:`spasm.termination.register_detector`)."""
     t = config.termination
     names = [*(["rules"] if t.rules else []), *(["judge"] if t.judge else []), *t.detectors]
     judge_backend = t.judge_backend or spec.pairing.client
     setup = DetectorSetup(caller, judge_backend, config.backends[judge_backend].temperatures.judge,
-                          spec.seed, t.window)
+                          spec.seed, t.window, participants)
     return TerminationChain([make_detector(n, setup) for n in names], t.min_utterances)
 
 
@@ -142,6 +184,8 @@ def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> Dialo
 async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueResult:
     """Run one planned dialogue to its end; a failure is returned as an error row, never
     raised (except a budget stop, which ends the whole run)."""
+    if isinstance(spec, GroupSpec):
+        return await run_group(spec, config, caller)
     session = open_session(spec, config, caller)
     agents = build_agents(spec, config)
     chain = build_chain(config, caller, spec)
@@ -241,3 +285,81 @@ def _dialogue_row(
         harness_fallbacks=sum(t.harness_fallbacks for t in convo.turns),
         status="ok",
     )
+
+
+# -- group dialogues ------------------------------------------------------------------------
+def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
+    """Every participant of a group dialogue, each with its own frame: who else is present,
+    its persona card (client seats) or role (responder seats), and its projection of the
+    history naming each speaker (level A)."""
+    d, g = config.dialogue, config.group
+    ids = tuple(s.participant.id for s in spec.seats)
+    present = [(s.participant.id, s.participant.role,
+                s.participant.responder_role or d.responder_role) for s in spec.seats]
+    out = []
+    for seat in spec.seats:
+        p = seat.participant
+        temps = config.backends[p.backend].temperatures
+        if p.role == "client":
+            assert seat.persona is not None
+            prompt = group_client_system_prompt(seat.persona["card"], p.id, present, p.instructions)
+            temperature = temps.client
+        else:
+            prompt = group_responder_system_prompt(p.responder_role or d.responder_role, p.id,
+                                                   present, p.instructions or d.responder_instructions)
+            temperature = temps.responder
+        viewer = group_viewer(p.id, prompt, ids, responder_role=d.responder_role,
+                              speaker_names=g.speaker_names)
+        out.append(PlainAgent(speaker=p.id, backend=p.backend, viewer=viewer,
+                              temperature=temperature, max_tokens=d.max_tokens))
+    return out
+
+
+def group_order_setup(spec: GroupSpec, config: RunConfig) -> TurnOrderSetup:
+    """The turn order's view of a group dialogue: its seats, and the moderator's backend."""
+    g = config.group
+    first_helper = next(s.participant.backend for s in spec.seats
+                        if s.participant.role == "responder")
+    moderator = g.moderator_backend or first_helper
+    return TurnOrderSetup(
+        seats=tuple(Seat(s.participant.id, s.participant.role) for s in spec.seats),
+        allow_repeat=g.allow_repeat, moderator_backend=moderator,
+        moderator_temperature=config.backends[moderator].temperatures.judge,
+    )
+
+
+async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> DialogueResult:
+    """Run one planned group dialogue: ``group.opener`` (default: the first participant)
+    speaks first, ``group.next_speaker`` picks each next speaker, the chain (its rules over all
+    participants) or ``group.max_utterances`` ends it."""
+    session = open_session(spec, config, caller)
+    agents = group_agents(spec, config)
+    setup = group_order_setup(spec, config)
+    order = make_next_speaker(config.group.next_speaker, setup)
+    chain = build_chain(config, caller, spec, participants=tuple(s.id for s in setup.seats))
+    convo = await simulate_group(
+        spec.dialogue_id, agents, setup.seats, order, chain, session,
+        opener=config.group.opener or setup.seats[0].id,
+        max_utterances=config.group.max_utterances,
+    )
+    result = DialogueResult(spec, calls=session.scope.records)
+    if convo.error is not None:
+        result.error = _error_row(spec, convo, convo.error)
+        return result
+    result.turns = convo.turns
+    client = next(a for a, s in zip(agents, spec.seats, strict=True) if s.participant.role == "client")
+    helper = next(a for a, s in zip(agents, spec.seats, strict=True)
+                  if s.participant.role == "responder")
+    result.dialogue = _dialogue_row(spec, config, (client, helper), convo, session.scope.records)
+    result.participants = [
+        ParticipantRow(
+            dialogue_id=spec.dialogue_id, position=i, participant_id=s.participant.id,
+            role=s.participant.role,
+            persona_id=str(s.persona["persona_id"]) if s.persona is not None else None,
+            backend=s.participant.backend, model=config.backends[s.participant.backend].model,
+            level=s.participant.level, speaker_names=config.group.speaker_names,
+            system_prompt=agent.system_prompt,
+        )
+        for i, (s, agent) in enumerate(zip(spec.seats, agents, strict=True))
+    ]
+    return result

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,9 +28,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from spasm.backends import Backend, make_backend
-from spasm.config import RunConfig
+from spasm.config import PairingConfig, RunConfig
 from spasm.errors import RunError, UserError
-from spasm.runner import DialogueSpec
+from spasm.runner import DialogueSpec, GroupSeat, GroupSpec
 from spasm.scenarios import Scenario, persona_scenarios, run_scenarios
 from spasm.seeds import derive_seed
 
@@ -89,6 +90,12 @@ def plan(
     personas table with a repeated persona id), and a :class:`~spasm.errors.RunError` stops the
     plan before any dialogue is run. ``ids`` builds the ids (:func:`legacy_dialogue_id` to list
     an older version's; no check then)."""
+    if config.participants is not None:
+        if shard is not None:
+            raise UserError("--shard splits a run by persona; a group run's dialogues share "
+                            "personas, so it runs unsharded for now")
+        yield from plan_groups(config, personas)
+        return
     h = config.harness
     sweep: list[tuple[str | None, tuple[str, str]]] = (
         [(level, (level, level)) for level in h.levels] if h.levels else
@@ -123,6 +130,38 @@ def plan(
                                            scenario)
 
 
+
+def group_dialogue_id(index: int, condition: str) -> str:
+    """A group dialogue's id: ``g<index>-<condition>`` (unique by construction: the index is
+    the dialogue's place in the plan, the condition escaped like every id part)."""
+    return f"g{index:04d}-{id_part(condition)}"
+
+
+def plan_groups(config: RunConfig, personas: list[dict[str, Any]]) -> Iterator[GroupSpec]:
+    """Every group dialogue of the run, in a stable order: ``group.dialogues`` of them (default
+    personas ÷ client seats), each in every condition with one seed, so conditions are paired.
+    Each dialogue's client seats are filled by a seeded draw of distinct personas (never the
+    same persona twice in one dialogue)."""
+    assert config.participants is not None
+    seats = config.participants
+    clients = sum(1 for s in seats if s.role == "client")
+    if len(personas) < clients:
+        raise UserError(f"a group dialogue has {clients} client seats but the run has "
+                        f"{len(personas)} personas: raise personas.n to at least {clients}")
+    n = config.group.dialogues or max(1, len(personas) // clients)
+    first_client = next(s for s in seats if s.role == "client")
+    first_helper = next(s for s in seats if s.role == "responder")
+    pairing = PairingConfig(client=first_client.backend, responder=first_helper.backend)
+    for g in range(n):
+        seed = derive_seed(config.seed, "group", g)
+        drawn = iter(random.Random(seed).sample(personas, clients))
+        filled = tuple(GroupSeat(s, next(drawn) if s.role == "client" else None) for s in seats)
+        persona = next(f.persona for f in filled if f.persona is not None)
+        for condition in config.conditions:
+            yield GroupSpec(group_dialogue_id(g, condition), persona, g, condition, pairing,
+                            seed, seats=filled)
+
+
 def make_backends(config: RunConfig) -> dict[str, Backend]:
     """Build every backend the config uses (a missing key env var fails here, before any I/O)."""
     used = {p.client for p in config.pairing_list} | {p.responder for p in config.pairing_list}
@@ -134,6 +173,10 @@ def make_backends(config: RunConfig) -> dict[str, Backend]:
         used.add(config.harness.backend)
     if config.scenarios is not None and config.scenarios_judge.backend:
         used.add(config.scenarios_judge.backend)
+    for seat in config.participants or ():
+        used.add(seat.backend)
+    if config.participants is not None and config.group.moderator_backend:
+        used.add(config.group.moderator_backend)
     return {name: make_backend(name, config.backends[name]) for name in sorted(used)}
 
 

@@ -13,19 +13,20 @@ is a bug in spasm or in a plugged-in agent, and keeps its full traceback.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from spasm.agents import Turn, TurnAgent
-from spasm.dataset.rows import TurnRow
+from spasm.dataset.rows import GroupTurnRow, TurnRow
 from spasm.errors import BudgetExceededError, RunError
 from spasm.history import History
 from spasm.projection import messages_digest
 from spasm.session import DialogueSession
 from spasm.termination import TerminationChain
+from spasm.turn_order import NextSpeaker, Seat
 
-__all__ = ["Conversation", "DialogueHook", "simulate_dialogue", "turn_row"]
+__all__ = ["Conversation", "DialogueHook", "simulate_dialogue", "simulate_group", "turn_row"]
 
 
 class DialogueHook(Protocol):
@@ -113,8 +114,20 @@ async def simulate_dialogue(
     the hooks run. Failures are returned in the :class:`Conversation`, never raised (except
     a budget stop, which ends the whole run)."""
     out = Conversation()
+    return await _guarded(
+        out, _converse(dialogue_id, agents, chain, session, max_turns_per_agent, out),
+        agents, session, hooks,
+    )
+
+
+async def _guarded(
+    out: Conversation, conversation: Awaitable[None], agents: Sequence[TurnAgent],
+    session: DialogueSession, hooks: Sequence[DialogueHook],
+) -> Conversation:
+    """Run a dialogue's turns, then its hooks; a failure is kept in ``out`` with the dialogue
+    so far (a bug with its traceback), never raised — except a budget stop."""
     try:
-        await _converse(dialogue_id, agents, chain, session, max_turns_per_agent, out)
+        await conversation
         for hook in hooks:
             await hook.after(agents, out.history, out.turns, session)
     except BudgetExceededError:
@@ -124,3 +137,53 @@ async def simulate_dialogue(
         if not isinstance(exc, RunError):
             out.traceback = "".join(traceback.format_exception(exc))
     return out
+
+
+async def _converse_group(
+    dialogue_id: str, agents: Sequence[TurnAgent], seats: Sequence[Seat], order: NextSpeaker,
+    chain: TerminationChain, session: DialogueSession, opener: str, max_utterances: int,
+    out: Conversation,
+) -> None:
+    by_id = {a.speaker: a for a in agents}
+    roles = {s.id: s.role for s in seats}
+    for agent in agents:
+        await agent.setup(session)
+    speaker, reason = opener, "opener"
+    while len(out.history) < max_utterances:
+        before = out.history
+        t = await by_id[speaker].turn(before, session)
+        out.history = before.append(speaker, t.text)
+        row = turn_row(dialogue_id, len(before), t)
+        out.turns.append(GroupTurnRow(**row.as_record(), role=roles[speaker],
+                                      next_speaker_reason=reason))
+        stop = await chain.check(out.history, session.scope)
+        if stop is not None:
+            out.reason, out.detail = stop.reason, stop.detail
+            return
+        choice = await order.choose(out.history, session)
+        speaker, reason = choice.speaker, choice.reason
+    out.reason, out.detail = "max_utterances", f"cap of {max_utterances} utterances"
+
+
+async def simulate_group(
+    dialogue_id: str,
+    agents: Sequence[TurnAgent],
+    seats: Sequence[Seat],
+    order: NextSpeaker,
+    chain: TerminationChain,
+    session: DialogueSession,
+    *,
+    opener: str,
+    max_utterances: int,
+    hooks: Sequence[DialogueHook] = (),
+) -> Conversation:
+    """Run one group dialogue: every participant is set up, ``opener`` speaks first, then
+    ``order`` picks each next speaker, until the chain stops them or ``max_utterances`` is
+    reached; then the hooks run. Each turn row records the speaker's role and why it was
+    chosen. Failures are returned as in :func:`simulate_dialogue`."""
+    out = Conversation()
+    return await _guarded(
+        out, _converse_group(dialogue_id, agents, seats, order, chain, session, opener,
+                             max_utterances, out),
+        agents, session, hooks,
+    )

@@ -110,6 +110,39 @@ class RuleDetector:
         return None
 
 
+class GroupRuleDetector:
+    """The rules over a group's last utterances: an end marker, every participant closing
+    (each one's latest utterance in the last round holds a closing formula), and repetition
+    loops (any participant repeating itself)."""
+
+    name = "rules"
+
+    def __init__(self, participants: tuple[str, ...], window: int = 4) -> None:
+        self.participants = participants
+        #: At least a whole round, so every participant's last turn is seen.
+        self.window = max(window, len(participants))
+
+    async def check(self, history: History, scope: CallScope) -> Stop | None:
+        recent = history.last(self.window)
+        start = len(history) - len(recent)
+        for offset, u in enumerate(recent):
+            if any(m in u.content for m in _MARKERS):
+                return Stop("natural_rule", f"end marker in {u.speaker} turn {start + offset}")
+        latest = {u.speaker: u.content for u in recent}
+        if len(latest) == len(self.participants) and all(
+                _CLOSING.search(text) for text in latest.values()):
+            return Stop("natural_rule", "every participant used a closing formula")
+        repeats = 0
+        for i, u in enumerate(recent):
+            earlier = history.utterances[: start + i]
+            if any(e.speaker == u.speaker and near_duplicate(e.content, u.content) for e in earlier):
+                repeats += 1
+        if repeats >= 2:
+            return Stop("natural_rule", f"repetition loop ({repeats} of the last {len(recent)} "
+                        "utterances repeat earlier ones)")
+        return None
+
+
 class JudgeVerdict(BaseModel):
     """The judge's structured verdict."""
 
@@ -124,21 +157,33 @@ class JudgeDetector:
 
     name = "judge"
 
-    def __init__(self, caller: Caller, backend: str, temperature: float = 0.3, seed: int = 0):
+    def __init__(self, caller: Caller, backend: str, temperature: float = 0.3, seed: int = 0,
+                 participants: tuple[str, ...] | None = None):
         self.caller = caller
         self.backend = backend
         self.temperature = temperature
         self.seed = seed
+        #: A group dialogue's participant ids (``None``: a Client and a Responder).
+        self.participants = participants
+
+    def _instructions(self) -> str:
+        if self.participants is not None:
+            return (
+                "You read a group conversation between " + ", ".join(self.participants)
+                + " and decide whether it has reached a natural end (the people who came for "
+                "help are settled or everyone is saying goodbye). Answer with a JSON object "
+                "{\"finished\": true|false, \"reason\": \"one sentence\"}."
+            )
+        return (
+            "You read a conversation between a Client and a Responder and decide "
+            "whether it has reached a natural end (the Client's need is met or they are "
+            "saying goodbye). Answer with a JSON object "
+            "{\"finished\": true|false, \"reason\": \"one sentence\"}."
+        )
 
     async def check(self, history: History, scope: CallScope) -> Stop | None:
         messages: list[Message] = [
-            {
-                "role": "system",
-                "content": "You read a conversation between a Client and a Responder and decide "
-                "whether it has reached a natural end (the Client's need is met or they are "
-                "saying goodbye). Answer with a JSON object "
-                "{\"finished\": true|false, \"reason\": \"one sentence\"}.",
-            },
+            {"role": "system", "content": self._instructions()},
             {"role": "user", "content": transcript(history)},
         ]
         verdict = (await self.caller.structured(
@@ -164,6 +209,8 @@ class DetectorSetup:
     seed: int
     #: ``termination.window``: the utterances a rule looks at.
     window: int
+    #: A group dialogue's participant ids, in order (``None``: a Client and a Responder).
+    participants: tuple[str, ...] | None = None
 
 
 #: Builds one dialogue's detector.
@@ -192,12 +239,15 @@ def make_detector(name: str, setup: DetectorSetup) -> Detector:
 
 @register_detector("rules")
 def _rules(setup: DetectorSetup) -> Detector:
+    if setup.participants is not None:
+        return GroupRuleDetector(setup.participants, setup.window)
     return RuleDetector(setup.window)
 
 
 @register_detector("judge")
 def _judge(setup: DetectorSetup) -> Detector:
-    return JudgeDetector(setup.caller, setup.backend, setup.temperature, seed=setup.seed)
+    return JudgeDetector(setup.caller, setup.backend, setup.temperature, seed=setup.seed,
+                         participants=setup.participants)
 
 
 class TerminationChain:

@@ -6,7 +6,7 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 
 class Message(TypedDict):
@@ -14,6 +14,9 @@ class Message(TypedDict):
 
     role: Literal["system", "user", "assistant"]
     content: str
+    #: The speaker of a ``user`` message in a group dialogue whose participants are named by
+    #: the protocol's ``name`` field (``group.speaker_names: name_field``); absent otherwise.
+    name: NotRequired[str]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from spasm.dataset.integrity import find_damage
 from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Persona, Row, arrow_schema, persona_of
 from spasm.errors import UserError
 from spasm.history import History
-from spasm.projection import Viewer, messages_digest, project
+from spasm.projection import Viewer, group_viewer, messages_digest, project
 
 __all__ = ["DialogueView", "Run", "SeenMessages", "open_run", "seen_messages"]
 
@@ -50,12 +50,15 @@ class SeenMessages:
 
 
 def seen_messages(
-    dialogue: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], index: int
+    dialogue: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], index: int,
+    participants: Sequence[Mapping[str, Any]] = (),
 ) -> SeenMessages:
     """Rebuild, byte for byte, the messages the speaker of ``turns[index]`` saw, and check them.
 
     Harnessed turns (level B and up) store what they saw (it depends on model calls: state,
-    context, checker advice); plain turns are re-projected from the history before them.
+    context, checker advice); plain turns are re-projected from the history before them. In a
+    group dialogue (``participants``: its rows of the participants table) each participant's
+    frame and the way it names the others come from its row.
     """
     turn = turns[index]
     stored = turn.get("messages")
@@ -66,9 +69,19 @@ def seen_messages(
         for t in turns[:index]:
             history = history.append(t["speaker"], t["text"])
         speaker = turn["speaker"]
-        prompt = dialogue.get(f"{speaker}_system_prompt") or ""
         role = dialogue.get("responder_role")
-        viewer = Viewer(speaker, str(prompt), responder_role=str(role) if role else None)
+        seats = sorted(participants, key=lambda p: int(p["position"]))
+        me = next((p for p in seats if p["participant_id"] == speaker), None)
+        if me is not None:
+            viewer = group_viewer(
+                speaker, str(me.get("system_prompt") or ""),
+                tuple(str(p["participant_id"]) for p in seats),
+                responder_role=str(role) if role else None,
+                speaker_names="name_field" if me.get("speaker_names") == "name_field" else "prefix",
+            )
+        else:
+            prompt = dialogue.get(f"{speaker}_system_prompt") or ""
+            viewer = Viewer(speaker, str(prompt), responder_role=str(role) if role else None)
         messages = project(history, viewer, str(dialogue["condition"]))
     digest = turn.get("messages_sha256")
     verified = None if not digest else messages_digest(messages) == digest
@@ -82,10 +95,12 @@ class DialogueView:
     row: dict[str, Any]
     persona: Persona | None
     turns: list[dict[str, Any]]
+    #: A group dialogue's participants (rows of the participants table), in turn order.
+    participants: list[dict[str, Any]] = field(default_factory=list)
 
     def seen(self, turn_index: int) -> SeenMessages:
         """The exact messages the speaker of ``turn_index`` was sent, checked against its digest."""
-        return seen_messages(self.row, self.turns, turn_index)
+        return seen_messages(self.row, self.turns, turn_index, self.participants)
 
 
 def _committed(table_dir: Path, committed: set[str] | None) -> list[Path]:
@@ -103,13 +118,13 @@ def _committed(table_dir: Path, committed: set[str] | None) -> list[Path]:
 def _conform(table: pa.Table, model: type[Row]) -> pa.Table:
     """Add the columns an older (or imported) table lacks, with their declared defaults."""
     schema = arrow_schema(model)
-    for field in schema:
-        if field.name in table.column_names:
+    for declared in schema:
+        if declared.name in table.column_names:
             continue
-        info = model.model_fields[field.name]
+        info = model.model_fields[declared.name]
         default = None if info.is_required() else info.default
-        column = pa.array([default] * table.num_rows, type=field.type)
-        table = table.append_column(field, column)
+        column = pa.array([default] * table.num_rows, type=declared.type)
+        table = table.append_column(declared, column)
     return table
 
 
@@ -300,7 +315,11 @@ class Run:
                 filter=pc.field("persona_id") == str(row["persona_id"])
             )
             persona = persona_of(found.to_pylist()[0]) if found.num_rows else None
-        return DialogueView(row, persona, turns)
+        participants: list[dict[str, Any]] = []
+        if self.has("participants"):
+            participants = self._dataset("participants").to_table(
+                filter=pc.field("dialogue_id") == dialogue_id).sort_by("position").to_pylist()
+        return DialogueView(row, persona, turns, participants)
 
 
 def open_run(path: str | Path, *, verify: bool = True) -> Run:

@@ -19,7 +19,9 @@ and ``dialogues.source_id``, ``personas.persona_fields`` (an imported persona's 
 imports as table directories like generated runs; 1.3 ``calls.cached_tokens``; 1.4
 ``errors.traceback``; 1.5 ``personas.source_id`` and ``persona_rejections.source_id`` in runs
 whose personas come from a data file (``personas.source``); 1.6 ``dialogues.scenario_id``,
-``goal_met`` and ``goal_reason`` in runs with scenarios (:class:`ScenarioDialogueRow`).
+``goal_met`` and ``goal_reason`` in runs with scenarios (:class:`ScenarioDialogueRow`); 1.7
+group dialogues: a ``participants`` table, ``turns.role`` and ``turns.next_speaker_reason`` in
+group runs (:class:`GroupTurnRow`, :class:`ParticipantRow`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ __all__ = [
     "CallRow",
     "DialogueRow",
     "ErrorRow",
+    "GroupTurnRow",
+    "ParticipantRow",
     "Persona",
     "QARow",
     "Row",
@@ -53,7 +57,7 @@ __all__ = [
     "rejection_row_model",
 ]
 
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 
 STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -178,6 +182,36 @@ class TurnRow(Row):
     cached_prompt_tokens: I64 = 0  # prompt tokens a prefix cache serves
     messages: OptStr = None  # JSON: the exact messages seen (level B+)
     probe: OptStr = None  # JSON: {"probes": [Probe]}, on each speaker's last turn
+
+
+class GroupTurnRow(TurnRow):
+    """An utterance of a group dialogue (1.7): every :class:`TurnRow` column (``speaker`` is
+    the participant's id), then its role and why it was chosen to speak. Only group runs store
+    these columns; readers see them in every run, null where a run has none."""
+
+    role: OptStr = None  # client | responder
+    next_speaker_reason: OptStr = None  # opener | round robin | addressed by … | moderator: …
+
+
+class ParticipantRow(Row):
+    """One participant of a group dialogue (1.7; only group runs have this table)."""
+
+    table: ClassVar[str] = "participants"
+    keys: ClassVar[tuple[str, ...]] = ("dialogue_id", "position")
+
+    dialogue_id: Str
+    #: 0-based place in the turn order.
+    position: I32
+    participant_id: Str
+    role: Str  # client | responder
+    #: The persona a client seat is filled by (``None`` for a responder seat).
+    persona_id: OptStr = None
+    backend: Str
+    model: Str
+    level: Str = "A"
+    #: How its ECP frame names other speakers: ``prefix`` ("Ana: …") or ``name_field``.
+    speaker_names: Str = "prefix"
+    system_prompt: OptStr = None
 
 
 class CallRow(Row):
@@ -379,5 +413,6 @@ JSON_COLUMNS: dict[str, dict[str, type[BaseModel]]] = {
 
 #: The fixed tables and their row models (personas tables depend on the persona schema).
 ROW_MODELS: dict[str, type[Row]] = {
-    m.table: m for m in (ScenarioDialogueRow, TurnRow, CallRow, ErrorRow, QARow, AnnotationRow)
+    m.table: m for m in (ScenarioDialogueRow, GroupTurnRow, CallRow, ErrorRow, QARow,
+                         AnnotationRow, ParticipantRow)
 }

@@ -44,8 +44,10 @@ from spasm.dataset.outputs import aside_path
 from spasm.dataset.rows import (
     ROW_MODELS,
     DialogueRow,
+    GroupTurnRow,
     Row,
     ScenarioDialogueRow,
+    TurnRow,
     arrow_schema,
     persona_row_model,
     rejection_row_model,
@@ -123,12 +125,18 @@ class RunStore:
         self.tmp = self.dir / ".tmp"
         self.commits = self.dir / ".commits"
         self.models: dict[str, type[Row]] = dict(ROW_MODELS)
-        # The scenario columns only in runs with scenarios (declare_scenarios).
+        # The scenario columns only in runs with scenarios (declare_scenarios), the group
+        # columns only in group runs (declare_group).
         self.models["dialogues"] = DialogueRow
+        self.models["turns"] = TurnRow
 
     def declare_scenarios(self) -> None:
         """This run has scenarios: its dialogues table has the scenario columns."""
         self.models["dialogues"] = ScenarioDialogueRow
+
+    def declare_group(self) -> None:
+        """This run holds group dialogues: its turns have the group columns."""
+        self.models["turns"] = GroupTurnRow
 
     def set_persona_fields(self, field_names: Iterable[str], integer_fields: set[str], *,
                            source: bool = False) -> None:

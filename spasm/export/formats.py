@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import pyarrow as pa
 
 from spasm.errors import UserError
 from spasm.export.stream import Turn
-from spasm.history import History, Speaker, Utterance
+from spasm.history import History, Utterance
 from spasm.projection import Viewer, get_projection
 
 __all__ = [
@@ -124,8 +124,8 @@ def perspective(
     """The messages ``role`` sees of the whole dialogue under ECP, with a weight on each of its
     own (assistant) turns: 0 for the turn indexes in ``untrained``, else 1. When ``role``
     speaks first, ECP's opening instruction is the first user message, as the agent saw it."""
-    history = History(tuple(Utterance(cast(Speaker, t.speaker), t.text) for t in turns))
-    projected = get_projection("ecp")(history, Viewer(cast(Speaker, role), system_prompt))
+    history = History(tuple(Utterance(t.speaker, t.text) for t in turns))
+    projected = get_projection("ecp")(history, Viewer(role, system_prompt))
     offset = len(projected) - len(turns)
     out: list[dict[str, Any]] = []
     for k, m in enumerate(projected):
