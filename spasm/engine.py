@@ -235,6 +235,10 @@ class Engine:
             return personas
         self._shard_record = self.shard.record(personas)
         self._manifest(RunSummary(self.run_dir), caller, "running", self._started)
+        if self.config.participants is not None:
+            # A group shard takes every N-th group dialogue, whose seats draw from the whole
+            # set: it keeps them all (a merge keeps each persona once).
+            return personas
         return self.shard.select(personas)
 
     def _policy_compiler(self, caller: Caller, backend: str) -> PolicyCompiler | None:

@@ -91,10 +91,7 @@ def plan(
     plan before any dialogue is run. ``ids`` builds the ids (:func:`legacy_dialogue_id` to list
     an older version's; no check then)."""
     if config.participants is not None:
-        if shard is not None:
-            raise UserError("--shard splits a run by persona; a group run's dialogues share "
-                            "personas, so it runs unsharded for now")
-        yield from plan_groups(config, personas)
+        yield from plan_groups(config, personas, shard)
         return
     h = config.harness
     sweep: list[tuple[str | None, tuple[str, str]]] = (
@@ -137,11 +134,15 @@ def group_dialogue_id(index: int, condition: str) -> str:
     return f"g{index:04d}-{id_part(condition)}"
 
 
-def plan_groups(config: RunConfig, personas: list[dict[str, Any]]) -> Iterator[GroupSpec]:
+def plan_groups(
+    config: RunConfig, personas: list[dict[str, Any]], shard: Shard | None = None
+) -> Iterator[GroupSpec]:
     """Every group dialogue of the run, in a stable order: ``group.dialogues`` of them (default
     personas ÷ client seats), each in every condition with one seed, so conditions are paired.
     Each dialogue's client seats are filled by a seeded draw of distinct personas (never the
-    same persona twice in one dialogue)."""
+    same persona twice in one dialogue). A shard takes every N-th group dialogue (group ``g``
+    belongs to shard ``g % N``): every shard draws the whole persona set, so the draws, seeds
+    and ids are the unsharded run's."""
     assert config.participants is not None
     seats = config.participants
     clients = sum(1 for s in seats if s.role == "client")
@@ -153,6 +154,8 @@ def plan_groups(config: RunConfig, personas: list[dict[str, Any]]) -> Iterator[G
     first_helper = next(s for s in seats if s.role == "responder")
     pairing = PairingConfig(client=first_client.backend, responder=first_helper.backend)
     for g in range(n):
+        if shard is not None and g % shard.count != shard.index:
+            continue
         seed = derive_seed(config.seed, "group", g)
         drawn = iter(random.Random(seed).sample(personas, clients))
         filled = tuple(GroupSeat(s, next(drawn) if s.role == "client" else None) for s in seats)

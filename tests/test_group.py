@@ -299,3 +299,26 @@ def test_a_group_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path: Pa
         drop = [c for c in ("latency_s",) if c in got.columns]
         pd.testing.assert_frame_equal(got.drop(columns=drop), ref.drop(columns=drop))
     assert len(pd.read_parquet(run / "dialogues.parquet")) == 8
+
+
+def test_group_shards_merge_into_the_unsharded_run(tmp_path: Path) -> None:
+    """A group shard takes every N-th group dialogue and keeps the whole persona set; the
+    merged shards equal the unsharded run, table for table."""
+    with TestServer() as srv:
+        data = _group_data(srv.base_url)
+        data["personas"] = {"n": 9}  # 3 group dialogues × 2 conditions
+        cfg = tmp_path / "group.json"
+        cfg.write_text(json.dumps(data))
+        for out, extra in [("full", []), ("s0", ["--shard", "0/2"]), ("s1", ["--shard", "1/2"])]:
+            subprocess.run([*_command(cfg, tmp_path / out), *extra], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "spasm", "merge", str(tmp_path / "s0"),
+                    str(tmp_path / "s1"), "--out", str(tmp_path / "merged")],
+                   check=True, capture_output=True)
+    assert len(pd.read_parquet(tmp_path / "s1" / "dialogues.parquet")) == 2  # group 1 only
+    for table, keys in [("dialogues", ["dialogue_id"]), ("participants", ["dialogue_id", "position"]),
+                        ("turns", ["dialogue_id", "turn_index"]), ("personas", ["persona_id"])]:
+        full = pd.read_parquet(tmp_path / "full" / f"{table}.parquet").sort_values(keys)
+        merged = pd.read_parquet(tmp_path / "merged" / f"{table}.parquet").sort_values(keys)
+        drop = [c for c in ("latency_s",) if c in full.columns]
+        pd.testing.assert_frame_equal(full.drop(columns=drop).reset_index(drop=True),
+                                      merged.drop(columns=drop).reset_index(drop=True))

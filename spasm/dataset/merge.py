@@ -166,7 +166,12 @@ def _check_overlap(shards: list[ShardRun]) -> None:
             raise UserError(f"{by_index[i].path} and {s.path} are both shard {s.spec}: they "
                             "overlap. Merge each shard once; nothing was written.")
         by_index[i] = s
-    for table, column in (("personas", "persona_id"), ("dialogues", "dialogue_id")):
+    # A group run's shards share personas (its seats draw from the whole set): each keeps
+    # them all and the merge keeps each once; its dialogues must not overlap.
+    group = any(s.run.has("participants") for s in shards)
+    keyed = (("dialogues", "dialogue_id"),) if group else (
+        ("personas", "persona_id"), ("dialogues", "dialogue_id"))
+    for table, column in keyed:
         owner: dict[str, ShardRun] = {}
         for s in shards:
             for key in _ids(s.run, table, column):
