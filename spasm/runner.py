@@ -14,7 +14,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from spasm.agents import (
     PlainAgent,
@@ -292,7 +292,7 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
     """Every participant of a group dialogue, each with its own frame: who else is present,
     its persona card (client seats) or role (responder seats), and its projection of the
     history naming each speaker (level A)."""
-    d, g = config.dialogue, config.group
+    d = config.dialogue
     ids = tuple(s.participant.id for s in spec.seats)
     present = [(s.participant.id, s.participant.role,
                 s.participant.responder_role or d.responder_role) for s in spec.seats]
@@ -309,10 +309,24 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
                                                    present, p.instructions or d.responder_instructions)
             temperature = temps.responder
         viewer = group_viewer(p.id, prompt, ids, responder_role=d.responder_role,
-                              speaker_names=g.speaker_names)
+                              speaker_names=seat_speaker_names(config, p))
         out.append(PlainAgent(speaker=p.id, backend=p.backend, viewer=viewer,
                               temperature=temperature, max_tokens=d.max_tokens))
     return out
+
+
+#: Backend kinds whose chat template drops the ``name`` field of a message: their seats always
+#: see other speakers' names as a "Name: " prefix (the embedded SmolLM2's template renders
+#: only role and content, so a name field would leave every other speaker anonymous).
+NAMELESS_KINDS = frozenset({"embedded"})
+
+
+def seat_speaker_names(config: RunConfig, seat: ParticipantConfig) -> Literal["prefix", "name_field"]:
+    """How this seat's ECP frame names other speakers (recorded per seat in the participants
+    table): ``group.speaker_names``, except ``prefix`` on backends that drop the name field."""
+    if config.backends[seat.backend].kind in NAMELESS_KINDS:
+        return "prefix"
+    return config.group.speaker_names
 
 
 def group_order_setup(spec: GroupSpec, config: RunConfig) -> TurnOrderSetup:
@@ -357,7 +371,7 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
             role=s.participant.role,
             persona_id=str(s.persona["persona_id"]) if s.persona is not None else None,
             backend=s.participant.backend, model=config.backends[s.participant.backend].model,
-            level=s.participant.level, speaker_names=config.group.speaker_names,
+            level=s.participant.level, speaker_names=seat_speaker_names(config, s.participant),
             system_prompt=agent.system_prompt,
         )
         for i, (s, agent) in enumerate(zip(spec.seats, agents, strict=True))

@@ -322,3 +322,17 @@ def test_group_shards_merge_into_the_unsharded_run(tmp_path: Path) -> None:
         drop = [c for c in ("latency_s",) if c in full.columns]
         pd.testing.assert_frame_equal(full.drop(columns=drop).reset_index(drop=True),
                                       merged.drop(columns=drop).reset_index(drop=True))
+
+
+def test_name_field_seats_fall_back_to_prefix_on_backends_that_drop_names() -> None:
+    """The embedded model's chat template renders only role and content: its seats see other
+    speakers as a "Name: " prefix even with ``speaker_names: name_field`` (recorded per seat)."""
+    from spasm.runner import seat_speaker_names
+
+    data = _group_data("http://127.0.0.1:9/v1", speaker_names="name_field")
+    data["backends"]["local"] = {"kind": "embedded"}
+    data["participants"][0]["backend"] = "local"
+    config = parse_config(data, "<test>")
+    assert config.participants is not None
+    assert [seat_speaker_names(config, p) for p in config.participants] == [
+        "prefix", "name_field", "name_field", "name_field"]
