@@ -37,7 +37,7 @@ from spasm.errors import UserError
 from spasm.history import History
 from spasm.projection import Viewer, group_viewer, messages_digest, project
 
-__all__ = ["DialogueView", "Run", "SeenMessages", "open_run", "seen_messages"]
+__all__ = ["DialogueView", "Run", "SeenMessages", "open_run", "participant_viewer", "seen_messages"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,27 @@ class SeenMessages:
     messages: list[Message]
     #: sha256 of ``messages`` equals the turn's ``messages_sha256`` (``None``: no digest stored).
     verified: bool | None
+
+
+def participant_viewer(
+    dialogue: Mapping[str, Any], participants: Sequence[Mapping[str, Any]], speaker: str,
+    system_prompt: str | None = None,
+) -> Viewer | None:
+    """The viewer of participant ``speaker`` of a group dialogue, rebuilt from its rows (the
+    dialogue's and its participants'): its frame, everyone's ids in turn order and how it names
+    the others; ``None`` when ``speaker`` has no seat (a two-party dialogue). ``system_prompt``
+    replaces the stored one (an export's fallback for a run that stored none)."""
+    seats = sorted(participants, key=lambda p: int(p["position"]))
+    me = next((p for p in seats if p["participant_id"] == speaker), None)
+    if me is None:
+        return None
+    role = dialogue.get("responder_role")
+    prompt = system_prompt if system_prompt is not None else str(me.get("system_prompt") or "")
+    return group_viewer(
+        speaker, prompt, tuple(str(p["participant_id"]) for p in seats),
+        responder_role=str(role) if role else None,
+        speaker_names="name_field" if me.get("speaker_names") == "name_field" else "prefix",
+    )
 
 
 def seen_messages(
@@ -69,17 +90,9 @@ def seen_messages(
         for t in turns[:index]:
             history = history.append(t["speaker"], t["text"])
         speaker = turn["speaker"]
-        role = dialogue.get("responder_role")
-        seats = sorted(participants, key=lambda p: int(p["position"]))
-        me = next((p for p in seats if p["participant_id"] == speaker), None)
-        if me is not None:
-            viewer = group_viewer(
-                speaker, str(me.get("system_prompt") or ""),
-                tuple(str(p["participant_id"]) for p in seats),
-                responder_role=str(role) if role else None,
-                speaker_names="name_field" if me.get("speaker_names") == "name_field" else "prefix",
-            )
-        else:
+        viewer = participant_viewer(dialogue, participants, speaker)
+        if viewer is None:
+            role = dialogue.get("responder_role")
             prompt = dialogue.get(f"{speaker}_system_prompt") or ""
             viewer = Viewer(speaker, str(prompt), responder_role=str(role) if role else None)
         messages = project(history, viewer, str(dialogue["condition"]))

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from spasm.dataset import Run
 from spasm.export.qa import QASummary
 
-__all__ = ["COVERAGE_FIELDS", "CardStats", "Coverage", "MaskStats", "SplitCount", "card_stats",
+__all__ = ["COVERAGE_FIELDS", "CardStats", "Coverage", "GroupStats", "MaskStats", "SplitCount", "card_stats",
            "size_category"]
 
 #: Persona fields whose coverage of the schema's pools the card reports.
@@ -72,6 +72,20 @@ class MaskStats(BaseModel):
     sharegpt_dropped: int = 0
 
 
+class GroupStats(BaseModel):
+    """A group export (format 1.7): whose frames its examples are and how the others' turns
+    are named in them."""
+
+    #: The participant ids exported (seat order) and each one's role.
+    participants: list[str]
+    roles: dict[str, str]
+    #: How the run's frames named the other speakers: ``prefix`` ("Ana: …" in the content) and/or
+    #: ``name_field`` (the message's ``name``; ShareGPT writes it as the prefix).
+    speaker_names: list[str]
+    #: Exported seats that never spoke in their dialogue (no example).
+    silent_seats: int = 0
+
+
 class CardStats(BaseModel):
     """Everything the card states, each number from the tables."""
 
@@ -115,6 +129,8 @@ class CardStats(BaseModel):
     trainer_configs: list[str] = []
     license: str = "unknown"
     language: str = "en"
+    #: A group export's participants (``None``: a two-party run; left out of its card.json).
+    group: GroupStats | None = None
 
 
 def size_category(n: int) -> str:

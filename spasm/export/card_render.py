@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
-from spasm.export.card import CardStats, MaskStats, size_category
-from spasm.export.formats import META_COLUMNS
+from spasm.export.card import CardStats, GroupStats, MaskStats, size_category
+from spasm.export.formats import GROUP_META_COLUMNS, META_COLUMNS
 from spasm.export.scans import PLACEHOLDERS
 
 __all__ = ["render_card"]
@@ -61,14 +61,39 @@ def _overview(s: CardStats) -> list[str]:
              f"Synthetic multi-turn conversations between a persona-driven simulated **Client** and a "
              f"**Responder**, generated with spasm from the run `{s.run}`. Every "
              "number on this card is computed from the run's tables.", ""]
-    if s.role:
+    if s.group is not None:
+        lines += _group(s.group)
+    elif s.role:
         lines += [f"This export takes {_ROLE_TEXT[s.role]}", ""]
     if s.formats:
+        named = s.group is not None and "name_field" in s.group.speaker_names
+        columns = [*META_COLUMNS, *(GROUP_META_COLUMNS if s.group is not None else ())]
         lines += ["Formats: " + ", ".join(f"`{f}`" for f in s.formats) + ". The `hf` files have a "
-                  "`messages` column (`[{role, content}]`, the layout chat templates and TRL's "
-                  "SFTTrainer take) and the metadata columns "
-                  + ", ".join(f"`{c}`" for c in META_COLUMNS) + ".", ""]
+                  f"`messages` column (`[{{role, content{', name' if named else ''}}}]`, the layout chat "
+                  "templates and TRL's SFTTrainer take) and the metadata columns "
+                  + ", ".join(f"`{c}`" for c in columns) + ".", ""]
     return lines
+
+
+_NAMES_TEXT = {
+    "prefix": "the speaker's id as a prefix of the content (`Ana: …`)",
+    "name_field": "the speaker's id in the message's `name` field (ShareGPT, which has no such field, "
+    "writes it as a prefix)",
+}
+
+
+def _group(g: GroupStats) -> list[str]:
+    seats = ", ".join(f"`{p}` ({g.roles[p]})" for p in g.participants)
+    lines = [f"This is a group conversation export: each example is one conversation from one "
+             f"participant's own frame (its ECP projection, whatever the run's condition), for {seats} (column "
+             "`participant_id`, its role in `role`). The participant's turns are `assistant` messages "
+             "and every other participant's turn is a `user` message of its own carrying "
+             + " or ".join(_NAMES_TEXT.get(n, n) for n in g.speaker_names) + "; every example ends on "
+             "a turn of its participant."]
+    if g.silent_seats:
+        lines[0] += (f" {_n(g.silent_seats)} exported seats never spoke in their conversation and have "
+                     "no example.")
+    return [*lines, ""]
 
 
 def _statistics(s: CardStats) -> list[str]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--format", action="append", metavar="NAME",
                    help="openai, sharegpt or hf; repeat or comma-separate (default: all three)")
     p.add_argument("--role", default="responder", help="whose turns are the assistant's: "
-                   "responder (default), client (a user simulator) or both")
+                   "responder (default), client (a user simulator) or both; in a group run also a "
+                   "participant id (its frame; client/responder: every seat of that role)")
     p.add_argument("--split", default="0.9,0.05,0.05", help="train,validation,test fractions by persona")
     p.add_argument("--seed", type=int, help="seed of the split (default: the run's seed)")
     p.add_argument("--system-prompt", default=None,
@@ -115,14 +117,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Export a run, or check a file with ``--check``."""
     if args.check is not None:
         return _check(args)
+    from spasm.config import PARTICIPANT_ID
     from spasm.export.formats import format_names, get_format
     from spasm.export.pipeline import ExportOptions, export_run
     from spasm.export.split import parse_split
 
     if args.run_dir is None or args.out is None:
         raise UserError("spasm export needs RUN_DIR and --out DIR (or --check FILE)")
-    if args.role not in _ROLES:
-        raise UserError(f"--role {args.role!r}: choose {', '.join(_ROLES)}")
+    if args.role not in _ROLES and not re.match(PARTICIPANT_ID, args.role):
+        raise UserError(f"--role {args.role!r}: choose {', '.join(_ROLES)} or, in a group run, a "
+                        "participant id")
     formats = _listed(args.format) or format_names()
     for name in formats:
         get_format(name)

@@ -20,6 +20,14 @@ hf          parquet  a ``messages`` column (the chat layout TRL's SFT trainer ta
                      and the dialogue's metadata columns
 ==========  =======  ======================================================================
 
+In a **group** run (format 1.7) an example is one dialogue seen by one participant, through
+its own ECP frame (:func:`spasm.projection.group_viewer`): its turns are ``assistant``, every
+other participant's a ``user`` message carrying the speaker's id as the run named it ("Ana: …"
+in the content, or the ``name`` field, kept by openai and hf and written as the prefix by
+ShareGPT, which has no such field). The hf files of a group export add a ``participant_id``
+column (:data:`GROUP_META_COLUMNS`), and a ``name`` in each message when some speaker is named
+by the field; two-party exports keep their layout byte for byte.
+
 A builder may return ``None``: the example has no record in that format (a ShareGPT example
 whose first trained turn is flagged). Every example ends on a turn of the role it trains
 (:func:`end_on_role`), and the system prompt is kept, merged into the first user message or
@@ -40,6 +48,7 @@ from spasm.history import History, Utterance
 from spasm.projection import Viewer, get_projection
 
 __all__ = [
+    "GROUP_META_COLUMNS",
     "HF_SCHEMA",
     "HF_WEIGHTED_SCHEMA",
     "META_COLUMNS",
@@ -79,6 +88,8 @@ META_COLUMNS: dict[str, pa.DataType] = {
     "n_utterances": pa.int32(),
     "redactions": pa.int32(),
 }
+#: The metadata a group export adds after :data:`META_COLUMNS`: whose frame the example is.
+GROUP_META_COLUMNS: dict[str, pa.DataType] = {"participant_id": pa.string()}
 _CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 _WEIGHTED_CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("weight", pa.int8())]))
 #: The hf format's schema.
@@ -90,8 +101,16 @@ HF_WEIGHTED_SCHEMA = pa.schema([("messages", _WEIGHTED_CHAT), ("weights", pa.lis
 
 
 def hf_schema(options: FormatOptions) -> pa.Schema:
-    """The hf format's schema under ``options`` (with or without weights)."""
-    return HF_WEIGHTED_SCHEMA if options.weights else HF_SCHEMA
+    """The hf format's schema under ``options`` (with or without weights; a group export's with
+    ``participant_id`` and, with ``options.names``, a ``name`` in each message)."""
+    if not options.group:
+        return HF_WEIGHTED_SCHEMA if options.weights else HF_SCHEMA
+    fields = [("role", pa.string()), ("content", pa.string()),
+              *([("name", pa.string())] if options.names else []),
+              *([("weight", pa.int8())] if options.weights else [])]
+    return pa.schema([("messages", pa.list_(pa.struct(fields))),
+                      *([("weights", pa.list_(pa.int8()))] if options.weights else []),
+                      *META_COLUMNS.items(), *GROUP_META_COLUMNS.items()])
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,20 +135,30 @@ class FormatOptions:
     #: Masks in every format: ``weight`` per message (openai, hf) or the example cut before
     #: its first untrained turn (sharegpt).
     weights: bool = False
+    #: A group export: the hf files add :data:`GROUP_META_COLUMNS`.
+    group: bool = False
+    #: Some speaker is named by the ``name`` field (a group run with ``speaker_names:
+    #: name_field``): the hf messages have a ``name``.
+    names: bool = False
 
 
 def perspective(
-    turns: Sequence[Turn], role: str, system_prompt: str, *, untrained: Collection[int] = ()
+    turns: Sequence[Turn], role: str, system_prompt: str, *, untrained: Collection[int] = (),
+    viewer: Viewer | None = None,
 ) -> list[dict[str, Any]]:
     """The messages ``role`` sees of the whole dialogue under ECP, with a weight on each of its
     own (assistant) turns: 0 for the turn indexes in ``untrained``, else 1. When ``role``
-    speaks first, ECP's opening instruction is the first user message, as the agent saw it."""
+    speaks first, ECP's opening instruction is the first user message, as the agent saw it.
+    ``viewer`` (a group participant's, whose speaker is its id) replaces ``role`` and
+    ``system_prompt``; a message naming its speaker by the field keeps ``name``."""
     history = History(tuple(Utterance(t.speaker, t.text) for t in turns))
-    projected = get_projection("ecp")(history, Viewer(role, system_prompt))
+    projected = get_projection("ecp")(history, viewer or Viewer(role, system_prompt))
     offset = len(projected) - len(turns)
     out: list[dict[str, Any]] = []
     for k, m in enumerate(projected):
         msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        if "name" in m:
+            msg["name"] = m["name"]
         if m["role"] == "assistant":
             msg["weight"] = 0 if turns[k - offset].index in untrained else 1
         out.append(msg)
@@ -225,6 +254,8 @@ def openai_format(example: Example, options: FormatOptions) -> dict[str, Any]:
     out = []
     for m in _messages(example, options):
         msg = {"role": m["role"], "content": m["content"]}
+        if m.get("name"):
+            msg["name"] = m["name"]
         if options.weights and "weight" in m:
             msg["weight"] = m["weight"]
         out.append(msg)
@@ -245,7 +276,14 @@ def sharegpt_format(example: Example, options: FormatOptions) -> dict[str, Any] 
         if cut is None:
             return None
         messages = cut
-    return {"conversations": [{"from": _SHAREGPT_FROM[m["role"]], "value": m["content"]} for m in messages]}
+    return {"conversations": [{"from": _SHAREGPT_FROM[m["role"]], "value": _prefixed(m)} for m in messages]}
+
+
+def _prefixed(message: dict[str, Any]) -> str:
+    """The content, with the speaker's id as a prefix when the message names it by the field
+    (ShareGPT has no ``name``)."""
+    name = message.get("name")
+    return f"{name}: {message['content']}" if name else str(message["content"])
 
 
 @register_format("hf", layout="parquet",
@@ -255,7 +293,17 @@ def hf_format(example: Example, options: FormatOptions) -> dict[str, Any]:
     (null on system and user messages) and ``weights`` lists one per message (1 trained)."""
     msgs = _messages(example, options)
     meta = {k: example.meta.get(k) for k in META_COLUMNS}
+    if options.group:
+        meta.update({k: example.meta.get(k) for k in GROUP_META_COLUMNS})
     if not options.weights:
-        return {"messages": [{"role": m["role"], "content": m["content"]} for m in msgs], **meta}
-    messages = [{"role": m["role"], "content": m["content"], "weight": m.get("weight")} for m in msgs]
+        return {"messages": [{"role": m["role"], "content": m["content"], **_name(m, options)} for m in msgs],
+                **meta}
+    messages = [{"role": m["role"], "content": m["content"], **_name(m, options), "weight": m.get("weight")}
+                for m in msgs]
     return {"messages": messages, "weights": [int(m.get("weight") or 0) for m in msgs], **meta}
+
+
+def _name(message: dict[str, Any], options: FormatOptions) -> dict[str, Any]:
+    """The hf message's ``name`` (null on the participant's own and prefixed messages), when
+    the schema has one."""
+    return {"name": message.get("name")} if options.names else {}

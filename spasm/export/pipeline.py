@@ -16,6 +16,11 @@ The steps, each in bounded memory however large the run:
 Every example ends on a turn of the role it trains (``ending="trim"``, the default, drops the
 partner's turns after it; ``"keep"`` keeps them).
 
+A group run (a ``participants`` table) is exported from each exported seat's own frame: ``role``
+names a participant id (its seat in every dialogue) or a role (every seat of it, one example per
+seat and dialogue; ``both``: every seat). A seat that never spoke in a dialogue has no example
+of it (the card counts them).
+
 Layout of the output directory::
 
     README.md                         dataset card with the Hub's YAML header (and axolotl's block)
@@ -43,15 +48,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from spasm.config import PARTICIPANT_ID
 from spasm.dataset import Run, open_run
 from spasm.dataset.files import atomic_write, atomic_write_json, atomic_write_table, atomic_write_text
 from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import aside_path, check_output, finish_replacement, mark_output
+from spasm.dataset.reader import participant_viewer
 from spasm.errors import RunError, UserError
-from spasm.export.card import CARD_COLUMNS, CardStats, MaskStats, SplitCount, card_stats
+from spasm.export.card import CARD_COLUMNS, CardStats, GroupStats, MaskStats, SplitCount, card_stats
 from spasm.export.card_render import render_card
 from spasm.export.check import CheckReport, check_examples
 from spasm.export.formats import (
+    GROUP_META_COLUMNS,
     META_COLUMNS,
     Example,
     ExportFormat,
@@ -66,6 +74,14 @@ from spasm.export.formats import (
 )
 from spasm.export.qa import QAResult, check_finished, scan_run, write_qa
 from spasm.export.scans import REDACTABLE, redact
+from spasm.export.seats import (
+    check_role,
+    group_seats,
+    participant_ids,
+    select_role,
+    speaker_tokens,
+    wanted_seats,
+)
 from spasm.export.select import DIALOGUE_COLUMNS, Selection, SelectionResult, check_selection, select
 from spasm.export.split import SPLIT_NAMES, assign_splits
 from spasm.export.stream import Turn, iter_dialogues, turn_index
@@ -73,11 +89,10 @@ from spasm.export.trainers import axolotl_datasets, format_path, llamafactory_da
 
 __all__ = ["ExportOptions", "ExportSummary", "export_run", "hub_configs"]
 
-Role = Literal["responder", "client", "both"]
 _CHUNK_SCHEMA = pa.schema([
     ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
-                                     ("weight", pa.int8())]))),
-    *META_COLUMNS.items(),
+                                     ("weight", pa.int8()), ("name", pa.string())]))),
+    *META_COLUMNS.items(), *GROUP_META_COLUMNS.items(),
 ])
 
 
@@ -87,7 +102,8 @@ class ExportOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     formats: list[str] = ["openai", "sharegpt", "hf"]
-    role: Role = "responder"
+    #: ``responder``, ``client`` or ``both``; in a group run also a participant id (its seat).
+    role: str = Field("responder", pattern=PARTICIPANT_ID)
     split: tuple[float, ...] = (0.9, 0.05, 0.05)
     #: Seed of the persona split (default: the run's seed).
     seed: int | None = None
@@ -155,6 +171,10 @@ class _Built:
     untrained_examples: int = 0
     sharegpt_cut: int = 0
     sharegpt_dropped: int = 0
+    #: A group export: exported seats that never spoke in their dialogue (no example), and
+    #: whether some message names its speaker by the ``name`` field.
+    silent_seats: int = 0
+    named: bool = False
 
 
 def _publish(stage: Path, out: Path) -> None:
@@ -171,10 +191,12 @@ def _publish(stage: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _speakers(index: pa.Table) -> dict[str, set[str]]:
+def _speakers(index: pa.Table, seats: dict[str, list[dict[str, Any]]]) -> dict[str, set[str]]:
+    """Who speaks in each dialogue (a group dialogue's as :func:`speaker_tokens`)."""
     grouped = index.group_by("dialogue_id").aggregate([("speaker", "distinct")])
-    return {d: set(s) for d, s in zip(grouped.column("dialogue_id").to_pylist(),
-                                     grouped.column("speaker_distinct").to_pylist(), strict=True)}
+    out = {d: set(s) for d, s in zip(grouped.column("dialogue_id").to_pylist(),
+                                    grouped.column("speaker_distinct").to_pylist(), strict=True)}
+    return {d: speaker_tokens(seats[d], s) if d in seats else s for d, s in out.items()}
 
 
 def _cards(run: Run, persona_ids: set[str]) -> dict[str, str]:
@@ -194,8 +216,10 @@ class _Builder:
         self.rows = {r["dialogue_id"]: r for r in kept.to_pylist()}
         self.splits = splits
         self.roles = ["responder", "client"] if options.role == "both" else [options.role]
+        self.seats = group_seats(run, only=self.rows)
         personas = {r["persona_id"] for r in self.rows.values()}
-        self.cards = _cards(run, personas) if "client" in self.roles else {}
+        personas |= {s["persona_id"] for d in self.seats.values() for s in d if s["persona_id"]}
+        self.cards = _cards(run, personas) if "client" in self.roles or self.seats else {}
         flagged = index.filter(pc.field("flagged"))
         self.flagged: dict[str, set[int]] = {}
         for d, i in zip(flagged.column("dialogue_id").to_pylist(), flagged.column("turn_index").to_pylist(),
@@ -235,18 +259,42 @@ class _Builder:
         counts["personas"].add(row["persona_id"])
         counts["conversations"] += 1
         untrained = self.untrained(did)
-        for role in self.roles:
-            messages = perspective(clean, role, self.system_prompt(row, role), untrained=untrained)
+        for role, messages, extra in self.perspectives(did, row, clean, untrained):
             if self.options.ending == "trim":
                 messages, trimmed = end_on_role(messages)
                 self.built.trimmed += trimmed
             self.count_masks(messages)
             meta = {k: row.get(k) for k in META_COLUMNS}
-            meta.update(role=role, redactions=n_redacted)
+            meta.update(role=role, redactions=n_redacted, **extra)
             self.buffers.setdefault(split, []).append({"messages": messages, **meta})
             counts["examples"] += 1
-        if len(self.buffers[split]) >= self.options.chunk_dialogues:
+        if len(self.buffers.get(split, [])) >= self.options.chunk_dialogues:
             self.flush(split)
+
+    def perspectives(
+        self, did: str, row: dict[str, Any], turns: list[Turn], untrained: set[int]
+    ) -> Iterator[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
+        """``(role, messages, extra metadata)`` of each example of a dialogue: one per role, or
+        in a group dialogue one per exported seat that spoke, from that participant's frame
+        (the viewer the reader rebuilds it with)."""
+        seats = self.seats.get(did)
+        if seats is None:
+            for role in self.roles:
+                yield role, perspective(turns, role, self.system_prompt(row, role), untrained=untrained), {}
+            return
+        spoke = {t.speaker for t in turns}
+        for seat in wanted_seats(self.options.role, seats):
+            pid, role = str(seat["participant_id"]), str(seat["role"])
+            if pid not in spoke:
+                self.built.silent_seats += 1
+                continue
+            prompt = seat["system_prompt"] or (self.cards.get(seat["persona_id"]) if role == "client"
+                                               else None)  # imported runs: the card is the prompt
+            viewer = participant_viewer(row, seats, pid, str(prompt or ""))
+            messages = perspective(turns, role, "", untrained=untrained, viewer=viewer)
+            self.built.named = self.built.named or any("name" in m for m in messages)
+            persona = seat["persona_id"] or row["persona_id"]  # a responder seat: the dialogue's
+            yield role, messages, {"participant_id": pid, "persona_id": persona}
 
     def count_masks(self, messages: list[dict[str, Any]]) -> None:
         zero = sum(1 for m in messages if m.get("weight") == 0)
@@ -282,7 +330,7 @@ def _examples(chunks: list[Path]) -> Iterator[list[Example]]:
     for path in chunks:
         out = []
         for row in pq.read_table(path).to_pylist():
-            messages = [{k: v for k, v in m.items() if k != "weight" or v is not None}
+            messages = [{k: v for k, v in m.items() if k not in ("weight", "name") or v is not None}
                         for m in row.pop("messages")]
             out.append(Example(messages, row))
         yield out
@@ -336,6 +384,20 @@ def _check(chunks: dict[str, list[Path]], names: list[str], options: FormatOptio
                           + ", ".join(names) + ")", token_limit=token_limit)
 
 
+def _group_stats(
+    role: str, seats: dict[str, list[dict[str, Any]]], kept: set[str], built: _Built
+) -> GroupStats:
+    """What a group export's card says: whose frames, and how the others are named."""
+    exported = {str(s["participant_id"]): s for d, ss in seats.items() if d in kept
+                for s in wanted_seats(role, ss)}
+    ids = [p for p in participant_ids(seats) if p in exported]
+    return GroupStats(
+        participants=ids, roles={p: str(exported[p]["role"]) for p in ids},
+        speaker_names=sorted({str(s["speaker_names"] or "prefix") for ss in seats.values() for s in ss}),
+        silent_seats=built.silent_seats,
+    )
+
+
 def _selection_error(result: SelectionResult) -> UserError:
     reasons = ", ".join(f"{k} {v}" for k, v in result.dropped.items()) or "the run has no dialogues"
     return UserError(f"the selection leaves no dialogue of {result.considered} ({reasons}); loosen the "
@@ -359,14 +421,18 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
         hub = HubTarget.prepare(options.push_to_hub, token_env=options.hub_token_env,
                                 private=options.private, revision=options.revision,
                                 endpoint=options.hub_endpoint)  # before the work: a bad id fails fast
-    dialogues = run.table("dialogues", list(dict.fromkeys(DIALOGUE_COLUMNS + CARD_COLUMNS)))
+    seats = group_seats(run)
+    check_role(options.role, seats, run)
+    columns = DIALOGUE_COLUMNS + CARD_COLUMNS + (["responder_role"] if seats else [])
+    dialogues = run.table("dialogues", list(dict.fromkeys(columns)))
     check_selection(dialogues, options.selection)  # before the scan: a typo fails fast
     with RunLock(run.dir):  # the findings go into the run: one writer at a time
         qa = scan_run(run, near_threshold=options.near_threshold)
         write_qa(run.dir, qa, locked=True)
     index = turn_index(run)
     errors = run.table("errors", ["dialogue_id"]).column(0).to_pylist() if run.has("errors") else []
-    result = select(dialogues, qa, options.selection, errors, speakers=_speakers(index), role=options.role)
+    result = select(dialogues, qa, options.selection, errors, speakers=_speakers(index, seats),
+                    role=select_role(options.role))
     if not result.kept:
         raise _selection_error(result)
     keep = pc.is_in(dialogues.column("dialogue_id"), value_set=pa.array(result.kept, pa.string()))
@@ -378,7 +444,8 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
     try:
         built = _Builder(run, qa, kept, splits, options, stage / ".work", index).run_pass()
         names = [s for s in SPLIT_NAMES if s in built.chunks]
-        fopts = FormatOptions(system_prompt=options.system_prompt, weights=options.weights)
+        fopts = FormatOptions(system_prompt=options.system_prompt, weights=options.weights,
+                              group=bool(seats), names=built.named)
         files = [_write_format(f, s, built.chunks[s], fopts, stage) for f in formats for s in names]
         check = None
         if hub is not None or options.token_limit is not None:
@@ -405,12 +472,14 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
                             sharegpt_cut=built.sharegpt_cut if options.weights else 0,
                             sharegpt_dropped=built.sharegpt_dropped if options.weights else 0),
             trainer_configs=sorted(info) if info else [],
+            group=_group_stats(options.role, seats, set(result.kept), built) if seats else None,
         )
         card_text = render_card(stats, configs=hub_configs(formats, names), axolotl=axolotl)
         atomic_write_text(stage / "README.md", card_text)
         mark_output(stage, "export")  # so a later --overwrite may replace this, and only this
         # Not the scan's time: identical runs give identical exports (it is in the run's qa table).
-        atomic_write_json(stage / "card.json", stats.model_dump(mode="json", exclude={"qa": {"found_at"}}))
+        exclude: dict[str, Any] = {"qa": {"found_at"}, **({} if seats else {"group": True})}
+        atomic_write_json(stage / "card.json", stats.model_dump(mode="json", exclude=exclude))
         shutil.rmtree(stage / ".work", ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         _publish(stage, out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 from collections import Counter
+from collections.abc import Collection
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from spasm.dataset.rows import PERSONA_HEAD, PERSONA_TAIL
 from spasm.errors import UserError
 from spasm.export.dedup import NUM_PERM, SHINGLE_WORDS, DuplicateIndex, minhash_available
 from spasm.export.scans import REDACTABLE, Finding, PromptRef, ScanContext, prompt_ref, scan_text
+from spasm.export.seats import group_seats
 from spasm.export.stream import Turn, iter_dialogues, turn_index
 from spasm.language import (
     DEFAULT_LANGUAGE,
@@ -174,14 +176,16 @@ class _Prompts:
 
 # ----------------------------------------------------------------------------- structure
 
-def structure_findings(turns: list[Turn]) -> list[tuple[int, str]]:
-    """``(turn_index, evidence)`` where the turns break alternation or turn order."""
+def structure_findings(turns: list[Turn], speakers: Collection[str] | None = None) -> list[tuple[int, str]]:
+    """``(turn_index, evidence)`` where the turns break alternation or turn order. ``speakers``:
+    who may speak (a group dialogue's participant ids; default the Client and the Responder)."""
+    known = SPEAKER_LABELS if speakers is None else speakers
     out: list[tuple[int, str]] = []
     expected = 0
     for k, t in enumerate(turns):
         if t.index != expected:
             out.append((t.index, f"turn {t.index} follows turn {expected - 1} (missing or repeated)"))
-        if t.speaker not in SPEAKER_LABELS:
+        if t.speaker not in known:
             out.append((t.index, f"unknown speaker {t.speaker!r}"))
         elif k and t.speaker == turns[k - 1].speaker:
             out.append((t.index, f"{t.speaker} speaks twice in a row"))
@@ -237,6 +241,7 @@ def scan_run(
     when = datetime.now(UTC)
     prompts = _Prompts(run)
     index = turn_index(run)
+    seats = {d: {str(p["participant_id"]) for p in ps} for d, ps in group_seats(run).items()}
     dups = DuplicateIndex(threshold=near_threshold, near=near)
     rows: list[QARow] = []
     seen: set[str] = set()
@@ -250,7 +255,7 @@ def scan_run(
             for f in scan_text(t.text, ctx):
                 rows.append(_row(did, f.kind, f.evidence, when, turn=t.index, start=f.start, end=f.end,
                                  redaction=f.redaction))
-        for turn, evidence in structure_findings(turns):
+        for turn, evidence in structure_findings(turns, seats.get(did)):
             rows.append(_row(did, "alternation", evidence, when, turn=turn))
         dups.add(did, turns)
     rows += [_row(d, "empty_turn", "the dialogue has no utterances", when)
