@@ -235,3 +235,30 @@ def test_two_annotators_label_with_keys_and_eval_reports_kappa(
         page.click("#turn-6 button.seen-btn")
         page.wait_for_selector("#seen-6 .seen")
         _shot(page, "viewer-dialogue.png", tmp_path)
+
+
+def test_a_group_dialogue_shows_a_colour_per_participant_and_what_each_saw(
+    browser: Any, tmp_path: Path
+) -> None:
+    from tests.test_viewer_group import _make_group_run
+
+    group_run = _in_thread(_make_group_run, tmp_path / "group")
+    view = open_run(group_run).dialogue("g0000-ecp")
+    with ViewerServer(group_run) as srv:
+        context = browser.new_context(viewport={"width": 1360, "height": 1000})
+        page = context.new_page()
+        page.goto(srv.base_url + "/d/g0000-ecp")
+        assert page.locator("#participants tr.seat-row").count() == 4
+        speakers = [b.text_content() for b in page.query_selector_all("#chat article .speaker")]
+        assert speakers == [t["speaker"] for t in view.turns]
+        backgrounds = page.evaluate(
+            "Array.from(document.querySelectorAll('#chat article.turn'))"
+            ".map((a) => getComputedStyle(a).backgroundColor)")
+        assert len(set(backgrounds)) == 4  # one tint per participant, the same on each turn
+        page.click("#turn-3 button.seen-btn")
+        panel = page.wait_for_selector("#seen-3 .seen")
+        assert panel.get_attribute("data-verified") == "true"
+        roles = [r.text_content() for r in page.query_selector_all("#seen-3 .msg .role")]
+        assert roles == [m["role"] for m in view.seen(3).messages]
+        _shot(page, "viewer-group.png", tmp_path)
+        context.close()

@@ -2,7 +2,8 @@
 
 Pure functions over the rows the dataset package returns: the turns with their verification
 mark, the echo evidence of ``spasm eval`` located in the utterances, the harness details per
-turn. Nothing here produces markup: text is cut into segments the template escapes.
+turn, a group dialogue's participants (each with a colour from its seat). Nothing here produces
+markup: text is cut into segments the template escapes.
 """
 
 from __future__ import annotations
@@ -16,9 +17,18 @@ from spasm.dataset import DialogueView
 from spasm.dataset.columns import CheckerVerdict, Clip, load_state_log, load_verdict
 from spasm.errors import FormatError
 
-__all__ = ["Segment", "TurnView", "card_reached_responder", "evidence_quotes", "segments", "turn_views"]
+__all__ = [
+    "SeatView", "Segment", "TurnView", "card_reached_responder", "evidence_quotes", "reason_summary",
+    "seat_views", "segments", "turn_views",
+]
 
 _EVIDENCE = re.compile(r'^(client|responder) turn (\d+)(?: repeats the \w+)?: "(.*)"$', re.S)
+#: Participant colours: seat ``position`` gets class ``seat-{position % SEAT_COLOURS}``
+#: (viewer.css declares seat-0 … seat-7, each dark text on a light tint).
+SEAT_COLOURS = 8
+#: A next-speaker reason's kind: the text before ":" (the moderator's reason) or " by " (who
+#: addressed it).
+_REASON_KIND = re.compile(r"^(.*?)(?::| by ).*$", re.S)
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,28 @@ class TurnView:
     clips: list[Clip] = field(default_factory=list)
     decays: list[Clip] = field(default_factory=list)
     reducer_fallback: bool = False
+    #: the speaker's seat in a group dialogue (``None``: two-party)
+    seat: SeatView | None = None
+    #: why the turn order chose this speaker (group dialogues)
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class SeatView:
+    """One participant of a group dialogue as the page lists it."""
+
+    position: int
+    participant_id: str
+    role: str
+    persona_id: str | None
+    backend: str
+    model: str
+    level: str
+    #: the colour class index (stable: from the seat's position)
+    colour: int
+    n_turns: int = 0
+    #: how its frames name the others: ``prefix`` ("Ana: …") or ``name_field``
+    speaker_names: str = "prefix"
 
 
 T = TypeVar("T")
@@ -117,10 +149,45 @@ def segments(text: str, quotes: Sequence[str]) -> tuple[list[Segment], bool]:
     return out, True
 
 
+def seat_views(view: DialogueView) -> list[SeatView]:
+    """A group dialogue's participants in seat order (``[]``: a two-party dialogue)."""
+    spoke: dict[str, int] = {}
+    for t in view.turns:
+        spoke[str(t["speaker"])] = spoke.get(str(t["speaker"]), 0) + 1
+    seats = sorted(view.participants, key=lambda p: int(p["position"]))
+    return [
+        SeatView(
+            position=int(p["position"]), participant_id=str(p["participant_id"]),
+            role=str(p.get("role") or ""),
+            persona_id=None if p.get("persona_id") is None else str(p["persona_id"]),
+            backend=str(p.get("backend") or ""), model=str(p.get("model") or ""),
+            level=str(p.get("level") or "A"), colour=int(p["position"]) % SEAT_COLOURS,
+            n_turns=spoke.get(str(p["participant_id"]), 0),
+            speaker_names=str(p.get("speaker_names") or "prefix"),
+        )
+        for p in seats
+    ]
+
+
+def reason_summary(view: DialogueView) -> list[tuple[str, int]]:
+    """How often each kind of next-speaker reason chose the speaker (``opener``, ``round
+    robin``, ``addressed``, ``moderator``…), in order of first use (``[]``: none stored)."""
+    counts: dict[str, int] = {}
+    for t in view.turns:
+        reason = t.get("next_speaker_reason")
+        if reason:
+            m = _REASON_KIND.match(str(reason))
+            kind = (m.group(1) if m else str(reason)).strip() or str(reason)
+            counts[kind] = counts.get(kind, 0) + 1
+    return list(counts.items())
+
+
 def turn_views(view: DialogueView, eval_row: Mapping[str, Any] | None) -> list[TurnView]:
-    """Every turn of ``view`` with its verification mark, evidence and harness details."""
+    """Every turn of ``view`` with its verification mark, evidence and harness details (and,
+    in a group dialogue, its speaker's seat and why it spoke)."""
     speakers = [str(t["speaker"]) for t in view.turns]
     quotes = evidence_quotes(eval_row.get("echo_evidence") if eval_row else None, speakers)
+    seats = {s.participant_id: s for s in seat_views(view)}
     out = []
     for i, turn in enumerate(view.turns):
         seen = view.seen(i)
@@ -131,16 +198,19 @@ def turn_views(view: DialogueView, eval_row: Mapping[str, Any] | None) -> list[T
             n_seen=len(seen.messages), evidence=found, row=turn,
             checker=_cell(load_verdict, turn.get("checker_verdict")),
             clips=list(log.clips) if log else [], decays=list(log.decays) if log else [],
-            reducer_fallback=bool(log and log.fallback),
+            reducer_fallback=bool(log and log.fallback), seat=seats.get(speakers[i]),
+            reason=str(turn["next_speaker_reason"]) if turn.get("next_speaker_reason") else None,
         ))
     return out
 
 
 def card_reached_responder(view: DialogueView) -> bool | None:
     """Whether the persona card appears in anything the Responder was sent (``None``: no card
-    or no Responder turn to check). The page says so next to the card."""
+    or no Responder turn to check). The page says so next to the card. In a group dialogue the
+    Responder's turns are those of its responder seats."""
     card = (view.persona["card"] if view.persona else "").strip()
-    responder = [i for i, t in enumerate(view.turns) if t.get("speaker") == "responder"]
+    responder = [i for i, t in enumerate(view.turns)
+                 if (t.get("role") or t.get("speaker")) == "responder"]
     if not card or not responder:
         return None
     for i in responder:
@@ -154,8 +224,12 @@ def seen_rows(view: DialogueView, index: int) -> dict[str, Any]:
     """The messages the speaker of turn ``index`` was sent, for the "what it saw" panel."""
     seen = view.seen(index)
     turn = view.turns[index]
+    group = bool(view.participants)
     return {
         "index": index, "speaker": turn["speaker"], "verified": seen.verified,
+        # "the client" in a two-party dialogue; a group participant by its id ("Ana")
+        "who": str(turn["speaker"]) if group else f"the {turn['speaker']}",
+        "role": turn.get("role"),
         "digest": turn.get("messages_sha256"), "stored": bool(turn.get("messages")),
         "messages": [{"role": str(m.get("role")), "content": str(m.get("content") or "")}
                      for m in seen.messages],

@@ -4,7 +4,8 @@ A large run is never loaded into memory. At start (and whenever the run's commit
 change) :class:`RunIndex` builds, in a DuckDB database file in a private temporary folder,
 two tables: ``dlg`` — one row per dialogue with its persona fields, harness counts, QA kinds,
 eval verdicts and off-language utterances per side (the QA scan's ``off_language`` findings and
-``spasm eval``'s language compliance, whichever the run has), for filtering, sorting and paging
+``spasm eval``'s language compliance, whichever the run has) and a group dialogue's number of
+participants, for filtering, sorting and paging
 — and ``search`` — every utterance with a lower-cased copy for full-text search. DuckDB keeps
 them on disk and pages them through a bounded buffer pool (``memory_limit``). The files it
 reads are the ones :meth:`spasm.dataset.Run.files` lists (committed parts only); the connection
@@ -36,6 +37,8 @@ __all__ = ["Facets", "ListPage", "RunIndex"]
 REFRESH_S = 2.0
 MEMORY_LIMIT = "128MB"
 EVAL_PER_DIALOGUE = Path("eval") / "per_dialogue.parquet"
+#: The tables the index reads (``participants``: group runs only).
+_TABLES = ("dialogues", "turns", "personas", "qa", "participants")
 _FIXED_PERSONA = set(PERSONA_HEAD) | set(PERSONA_TAIL)
 
 
@@ -62,6 +65,8 @@ class Facets:
     has_harness: bool
     #: the run has language flags (a QA scan, or ``spasm eval``'s language compliance)
     has_language: bool = False
+    #: the run has group dialogues (a participants table)
+    has_group: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class _Snapshot:
 
 def _fingerprint(run: Run) -> tuple[Any, ...]:
     parts: list[Any] = []
-    for table in ("dialogues", "turns", "personas", "qa"):
+    for table in _TABLES:
         for f in run.files(table):
             try:
                 parts.append((str(f), f.stat().st_mtime_ns))
@@ -163,7 +168,7 @@ class RunIndex:
         return con
 
     def _build(self, run: Run, fingerprint: tuple[Any, ...]) -> _Snapshot:
-        files = {t: [str(f) for f in run.files(t)] for t in ("dialogues", "turns", "personas", "qa")}
+        files = {t: [str(f) for f in run.files(t)] for t in _TABLES}
         con = self._connect()
         cols = {t: _columns(con, f) for t, f in files.items()}
         persona_fields = sorted(c for c in cols["personas"] - _FIXED_PERSONA if c.isidentifier())
@@ -270,7 +275,8 @@ class RunIndex:
         """One dialogue as the dataset package's :class:`DialogueView` (``None``: unknown id).
 
         The rows are read with DuckDB (a filtered scan of the committed parts, fast on a large
-        run); what each agent saw is then rebuilt and verified by ``DialogueView.seen``.
+        run), with a group dialogue's participants; what each agent saw is then rebuilt and
+        verified by ``DialogueView.seen``.
         """
         snap = self.snapshot()
         rows = self._select(snap, "dialogues", "dialogue_id = $id", {"id": dialogue_id})
@@ -280,7 +286,9 @@ class RunIndex:
         turns = self._select(snap, "turns", "dialogue_id = $id", {"id": dialogue_id},
                              "ORDER BY turn_index")
         personas = self._select(snap, "personas", "persona_id = $pid", {"pid": str(row["persona_id"])})
-        return DialogueView(row, persona_of(personas[0]) if personas else None, turns)
+        seats = self._select(snap, "participants", "dialogue_id = $id", {"id": dialogue_id},
+                             "ORDER BY position")
+        return DialogueView(row, persona_of(personas[0]) if personas else None, turns, seats)
 
     def counterparts(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The dialogues of the same persona, conversation index, seed and pairing (every
@@ -346,7 +354,7 @@ _EMPTY_DLG = ("CREATE TABLE dlg (dialogue_id VARCHAR, persona_id VARCHAR, conver
               "status VARCHAR, prompt_tokens BIGINT, completion_tokens BIGINT, tokens BIGINT, "
               "n_flagged BIGINT, n_clips BIGINT, n_state BIGINT, qa_kinds VARCHAR[], echoing BOOLEAN, "
               "echo_who VARCHAR, echo_score DOUBLE, off_language_client BIGINT, "
-              "off_language_responder BIGINT)")
+              "off_language_responder BIGINT, n_participants BIGINT)")
 #: The per-side counts of off-language utterances (``spasm eval``'s per_dialogue columns too).
 _OFF_LANGUAGE = ("off_language_client", "off_language_responder")
 _BASE = ("dialogue_id", "persona_id", "conversation_index", "condition", "harness_level", "pairing",
@@ -420,6 +428,13 @@ def _dlg_sql(files: Mapping[str, list[str]], cols: Mapping[str, set[str]], perso
             [f"coalesce(ev.{column}, 0)"] if eval_language else [])
         value = f"greatest({', '.join(sources)})" if sources else "NULL"
         select.append(f"{value}::BIGINT AS {column}")
+    if files.get("participants") and "dialogue_id" in cols.get("participants", set()):
+        joins.append("LEFT JOIN (SELECT dialogue_id, count(*) AS n FROM read_parquet($s, "
+                     "union_by_name=true) GROUP BY 1) seats USING (dialogue_id)")
+        params["s"] = files["participants"]
+        select.append("seats.n AS n_participants")  # null: a two-party dialogue
+    else:
+        select.append("NULL::BIGINT AS n_participants")
     sql = (f"CREATE TABLE dlg AS SELECT {', '.join(select)} FROM read_parquet($d, union_by_name=true) d "
            + " ".join(joins))
     return sql, params
@@ -456,4 +471,5 @@ def _facets(con: duckdb.DuckDBPyConnection, persona_fields: list[str], cols: Map
         qa_kinds=[str(k[0]) for k in kinds], persona=persona, persona_ranges=ranges, has_eval=has_eval,
         has_qa=bool(cols["qa"]), has_harness=bool(harness and harness[0]),
         has_language=bool(language and language[0]),
+        has_group=bool(cols.get("participants")),
     )

@@ -71,7 +71,8 @@ def add_routes(app: FastAPI, viewer: ViewerState) -> None:
             card_leak=pages.card_reached_responder(view), charts=harness_charts(view.turns),
             counterparts=viewer.index.counterparts(view.row), query=query, prev_id=prev_id,
             next_id=next_id, position=position, total=total, labels=viewer.book.labels(dialogue_id),
-            history=viewer.book.history_count(dialogue_id), me=me,
+            history=viewer.book.history_count(dialogue_id), me=me, seats=pages.seat_views(view),
+            reasons=pages.reason_summary(view),
         )
 
     @app.get("/d/{dialogue_id}/seen/{turn_index}")
