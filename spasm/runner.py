@@ -288,6 +288,12 @@ def _dialogue_row(
 
 
 # -- group dialogues ------------------------------------------------------------------------
+def group_role(spec: GroupSpec, config: RunConfig) -> str:
+    """The group's helping role (the first responder seat's): ``dialogues.responder_role``."""
+    first = next(s.participant for s in spec.seats if s.participant.role == "responder")
+    return first.responder_role or config.dialogue.responder_role
+
+
 def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
     """Every participant of a group dialogue, each with its own frame: who else is present,
     its persona card (client seats) or role (responder seats), and its projection of the
@@ -308,7 +314,7 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
             prompt = group_responder_system_prompt(p.responder_role or d.responder_role, p.id,
                                                    present, p.instructions or d.responder_instructions)
             temperature = temps.responder
-        viewer = group_viewer(p.id, prompt, ids, responder_role=d.responder_role,
+        viewer = group_viewer(p.id, prompt, ids, responder_role=group_role(spec, config),
                               speaker_names=seat_speaker_names(config, p))
         out.append(PlainAgent(speaker=p.id, backend=p.backend, viewer=viewer,
                               temperature=temperature, max_tokens=d.max_tokens))
@@ -364,14 +370,18 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
     client = next(a for a, s in zip(agents, spec.seats, strict=True) if s.participant.role == "client")
     helper = next(a for a, s in zip(agents, spec.seats, strict=True)
                   if s.participant.role == "responder")
-    result.dialogue = _dialogue_row(spec, config, (client, helper), convo, session.scope.records)
+    row = _dialogue_row(spec, config, (client, helper), convo, session.scope.records)
+    result.dialogue = DialogueRow(**{**row.as_record(), "responder_role": group_role(spec, config)})
     result.participants = [
         ParticipantRow(
             dialogue_id=spec.dialogue_id, position=i, participant_id=s.participant.id,
             role=s.participant.role,
             persona_id=str(s.persona["persona_id"]) if s.persona is not None else None,
             backend=s.participant.backend, model=config.backends[s.participant.backend].model,
-            level=s.participant.level, speaker_names=seat_speaker_names(config, s.participant),
+            level=s.participant.level,
+            responder_role=(s.participant.responder_role or config.dialogue.responder_role
+                            if s.participant.role == "responder" else None),
+            speaker_names=seat_speaker_names(config, s.participant),
             system_prompt=agent.system_prompt,
         )
         for i, (s, agent) in enumerate(zip(spec.seats, agents, strict=True))

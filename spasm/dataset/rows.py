@@ -209,6 +209,8 @@ class ParticipantRow(Row):
     backend: Str
     model: Str
     level: Str = "A"
+    #: A responder seat's role ("peer-support facilitator"; ``None`` for a client seat).
+    responder_role: OptStr = None
     #: How its ECP frame names other speakers: ``prefix`` ("Ana: …") or ``name_field``.
     speaker_names: Str = "prefix"
     system_prompt: OptStr = None

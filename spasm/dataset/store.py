@@ -376,6 +376,8 @@ def write_finished_run(
         store = RunStore(stage)
         store.create()
         store.set_persona_fields(*persona_fields)
+        if tables.get("participants"):  # a group run: its turns have the group columns
+            store.declare_group()
         store.write_batch("000001", tables)
         store.ensure_tables(("personas", "dialogues", "turns"))
         store.compact_all()
