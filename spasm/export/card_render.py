@@ -85,9 +85,9 @@ _NAMES_TEXT = {
 def _group(g: GroupStats) -> list[str]:
     seats = ", ".join(f"`{p}` ({g.roles[p]})" for p in g.participants)
     lines = [f"This is a group conversation export: each example is one conversation from one "
-             f"participant's own frame (its ECP projection, whatever the run's condition), for {seats} (column "
-             "`participant_id`, its role in `role`). The participant's turns are `assistant` messages "
-             "and every other participant's turn is a `user` message of its own carrying "
+             f"participant's own frame (its ECP projection, whatever the run's condition), for {seats} "
+             "(column `participant_id`, its role in `role`). The participant's turns are `assistant` "
+             "messages and every other participant's turn is a `user` message of its own carrying "
              + " or ".join(_NAMES_TEXT.get(n, n) for n in g.speaker_names) + "; every example ends on "
              "a turn of its participant."]
     if g.silent_seats:
