@@ -331,6 +331,9 @@ class HarnessConfig(_Strict):
     #: Where the probes ask, as fractions of the dialogue: 0 is the partner's first message,
     #: 0.5 its first at or after the middle (one ``probe`` call per agent and depth).
     probe_depths: list[float] = Field(default_factory=lambda: [0.0], min_length=1, max_length=10)
+    #: After each dialogue, ask the Client a few questions about itself built from its persona
+    #: fields (role ``persona_probe``), for Q&A consistency in ``spasm eval --consistency``.
+    persona_probes: bool = False
 
     @field_validator("probe_depths")
     @classmethod
@@ -352,6 +355,7 @@ class HarnessConfig(_Strict):
         return bool(
             (self.levels and self.levels != ["A"])
             or self.client != "A" or self.responder != "A" or self.audit or self.recall_probe
+            or self.persona_probes
         )
 
 
@@ -531,7 +535,8 @@ class RunConfig(_Strict):
                              f"not one of {sorted(self.backends)}")
         if self.harness.active:
             raise ValueError("group dialogues run at harness level A for now: remove the "
-                             "harness settings (levels, client, responder, audit, recall_probe)")
+                             "harness settings (levels, client, responder, audit, recall_probe, "
+                             "persona_probes)")
         if self.scenarios is not None:
             raise ValueError("scenarios are for two-party dialogues; a group run has none yet")
         return self
@@ -628,6 +633,7 @@ _ADDED_LATER: tuple[tuple[str, str, tuple[Any, ...], tuple[str, ...]], ...] = (
     ("termination", "detectors", (None, []), ("detectors",)),
     ("backends.*", "target", (None,), ("target",)),
     ("", "participants", (None,), ("participants", "group")),
+    ("harness", "persona_probes", (False,), ("persona_probes",)),
 )
 
 def data_path(kind: Literal["schemas", "configs"], name: str) -> Path:

@@ -194,7 +194,8 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
         chain.detectors.append(goal)
     convo = await simulate_dialogue(
         spec.dialogue_id, agents, chain, session,
-        max_turns_per_agent=config.dialogue.max_turns_per_agent, hooks=harness_hooks(config),
+        max_turns_per_agent=config.dialogue.max_turns_per_agent,
+        hooks=harness_hooks(config, spec.persona),
     )
     result = DialogueResult(spec, calls=session.scope.records)
     if convo.error is not None:

@@ -11,6 +11,7 @@ column                    model                             dump / load
 ``turns.state_log``       :class:`StateLog` (of Clip)       :func:`dump_state_log` / :func:`load_state_log`
 ``turns.checker_verdict`` :class:`CheckerVerdict`           :func:`dump_verdict` / :func:`load_verdict`
 ``turns.probe``           a list of :class:`Probe`          :func:`dump_probes` / :func:`load_probes`
+                          (+ :class:`PersonaProbe`)         / :func:`load_persona_probes`
 ``calls.params``          :class:`CallParams`               :func:`dump_params` / :func:`load_params`
 ========================  ================================  ====================================
 
@@ -71,6 +72,7 @@ __all__ = [
     "Goal",
     "Line",
     "Lines5",
+    "PersonaProbe",
     "Probe",
     "Record",
     "Relation",
@@ -84,6 +86,7 @@ __all__ = [
     "dump_verdict",
     "first_items",
     "load_params",
+    "load_persona_probes",
     "load_probes",
     "load_state",
     "load_state_log",
@@ -429,14 +432,63 @@ class Probe(BaseModel):
         return data
 
 
-def dump_probes(probes: Sequence[Probe | Mapping[str, Any]]) -> str:
-    """``turns.probe``: ``{"probes": [...]}``, default separators, non-ASCII kept. Mappings are
-    validated against :class:`Probe` first."""
+class PersonaProbe(BaseModel):
+    """One persona probe (``harness.persona_probes``): a question about the Client itself,
+    built from one persona field, put to it after the dialogue, and its answer — judged
+    against the card by ``spasm eval --consistency`` (Q&A consistency)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The persona field the question is about (``age``, ``occupation``, ``city`` …).
+    field: str
+    question: str
+    #: The field's value on the card.
+    expected: str
+    answer: str | None = None
+    #: The error's type when the probe call failed (left out of the JSON otherwise).
+    error: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("error") is None:
+            data.pop("error", None)
+        return data
+
+
+def dump_probes(
+    probes: Sequence[Probe | Mapping[str, Any]],
+    persona: Sequence[PersonaProbe | Mapping[str, Any]] | None = None,
+) -> str:
+    """``turns.probe``: ``{"probes": [...]}``, default separators, non-ASCII kept, plus
+    ``"persona": [...]`` when persona probes are given (without them the text is exactly
+    what runs before persona probes stored). Mappings are validated first."""
     try:
         typed = [p if isinstance(p, Probe) else Probe.model_validate(p) for p in probes]
     except ValidationError as exc:
         raise FormatError(f"not a recall probe: {_first_error(exc)}") from exc
-    return json.dumps({"probes": [p.model_dump(mode="json") for p in typed]}, ensure_ascii=False)
+    cell: dict[str, Any] = {"probes": [p.model_dump(mode="json") for p in typed]}
+    if persona is not None:
+        try:
+            asked = [p if isinstance(p, PersonaProbe) else PersonaProbe.model_validate(p)
+                     for p in persona]
+        except ValidationError as exc:
+            raise FormatError(f"not a persona probe: {_first_error(exc)}") from exc
+        cell["persona"] = [p.model_dump(mode="json") for p in asked]
+    return json.dumps(cell, ensure_ascii=False)
+
+
+def load_persona_probes(raw: object) -> list[PersonaProbe]:
+    """The persona probes stored in one ``turns.probe`` cell (empty when it has none: an
+    empty cell, or any format without the ``persona`` key)."""
+
+    def parse(data: Any) -> list[PersonaProbe]:
+        items = data.get("persona", []) if isinstance(data, dict) else []
+        if not isinstance(items, list):
+            raise FormatError("\"persona\" is not a list")
+        return [PersonaProbe.model_validate(p) for p in items]
+
+    return _load("turns.probe", raw, parse) or []
 
 
 def load_probes(raw: object, n_utterances: int | None = None) -> list[Probe]:

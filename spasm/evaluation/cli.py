@@ -62,7 +62,8 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--consistency",
         action="store_true",
-        help="judge persona consistency (prompt-to-line, line-to-line) with the LLM judge(s)",
+        help="judge persona consistency (prompt-to-line, line-to-line; Q&A when the run has "
+        "harness.persona_probes answers) with the LLM judge(s)",
     )
     p.add_argument(
         "--judge-backend",
@@ -317,8 +318,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if metrics.consistency is not None:
             by = {(s.measure, s.pairing): s for s in metrics.consistency.stats}
             parts = [
-                f"{m.replace('_', '-')} {by[(m, 'all')].mean:.2f}"
-                for m in ("prompt_to_line", "line_to_line")
+                f"{'Q&A' if m == 'qa' else m.replace('_', '-')} {by[(m, 'all')].mean:.2f}"
+                for m in ("prompt_to_line", "line_to_line", "qa")
                 if (m, "all") in by and by[(m, "all")].mean is not None
             ]
             print(f"Persona consistency: {', '.join(parts) or 'no score'} "

@@ -57,6 +57,7 @@ COMPARED_METRICS: tuple[str, ...] = (
     *REALISM_METRICS,
     "consistency_prompt_to_line",
     "consistency_line_to_line",
+    "qa_consistency",
     "language_compliance_client",
     "language_compliance_responder",
     "goal_met",

@@ -1,15 +1,18 @@
 """Persona consistency of the Client, judged by an LLM (Abdulhai et al., 2025).
 
 Abdulhai et al., "Consistently Simulating Human Personas with Multi-Turn Reinforcement
-Learning" (2025), measure a simulated persona's consistency three ways; spasm runs two of
-them on any run, through the engine's caller (cached in the run's ``cache.sqlite``, logged in
-its ``calls`` table under the role ``eval_consistency``):
+Learning" (2025), measure a simulated persona's consistency three ways; spasm runs all three,
+through the engine's caller (cached in the run's ``cache.sqlite``, logged in its ``calls``
+table under the role ``eval_consistency``):
 
 * **prompt-to-line** — each Client utterance judged against the persona card: 1 when it is
   consistent with the card, 0 when it contradicts it (the persona's facts, feelings, goals
   or style);
 * **line-to-line** — each Client utterance from the second on judged against the Client's
-  own earlier utterances: 0 when it contradicts something the Client said before.
+  own earlier utterances: 0 when it contradicts something the Client said before;
+* **Q&A** — each answer the Client gave to the questions about itself that
+  ``harness.persona_probes`` put to it after the dialogue (stored in ``turns.probe``) judged
+  against the card: 1 when it agrees with it (runs without persona probes have no Q&A score).
 
 A dialogue's score is the mean of its 0/1 labels (1 = fully consistent). One call per
 dialogue and measure returns every line's label at once (the paper asks per line; one call a
@@ -17,9 +20,8 @@ dialogue costs a fraction and keeps the lines in context); the reply must give e
 label per line, or it is re-asked once with the validation error and then counted as a
 fallback (no score for that dialogue).
 
-The third measure, **Q&A** (questions about the persona put to the simulated Client, answers
-checked against the card), needs answers from the Client's model that a run does not hold:
-it is not computed (``metrics.json`` says so).
+Q&A, like prompt-to-line, is one call per dialogue for all its answers; a dialogue whose
+persona has no card, or with no answered question, gets none.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from spasm.backends.base import Message
+from spasm.dataset.columns import PersonaProbe
 from spasm.evaluation.llm import EvalSession
 from spasm.evaluation.loader import Conversation
 
@@ -40,13 +43,21 @@ __all__ = [
     "CONSISTENCY_ROLE",
     "LINE_TO_LINE_RUBRIC",
     "PROMPT_TO_LINE_RUBRIC",
+    "QA_RUBRIC",
     "ConsistencyVerdict",
     "Measure",
     "judge_consistency",
+    "measure_column",
 ]
 
 CONSISTENCY_ROLE = "eval_consistency"
-Measure = Literal["prompt_to_line", "line_to_line"]
+Measure = Literal["prompt_to_line", "line_to_line", "qa"]
+
+
+def measure_column(measure: Measure) -> str:
+    """The per-dialogue column (and judge metric) of ``measure``."""
+    return "qa_consistency" if measure == "qa" else f"consistency_{measure}"
+
 
 PROMPT_TO_LINE_RUBRIC = """You check a simulated person (the CLIENT) against the persona card \
 it was given. For EACH numbered CLIENT line, decide whether it is consistent with the card: 1 \
@@ -65,6 +76,15 @@ contradiction. Line 0 has nothing before it and gets no label.
 
 Reply with only a JSON object {"labels": [1 or 0, one per CLIENT line from line 1 on, in order]}."""
 
+QA_RUBRIC = """You check a simulated person (the CLIENT) against the persona card it was \
+given. After a conversation the CLIENT was asked questions about itself. For EACH numbered \
+QUESTION and its ANSWER, decide whether the answer agrees with the card: 1 when it is \
+consistent with the card (the same age, work, place, reason for coming), 0 when it \
+contradicts the card, answers as someone else (for example as the helper) or refuses what the \
+card answers.
+
+Reply with only a JSON object {"labels": [1 or 0, one per ANSWER, in order]}."""
+
 
 @dataclass
 class ConsistencyVerdict:
@@ -75,6 +95,8 @@ class ConsistencyVerdict:
     line_to_line: list[int] | None
     #: The measures whose reply never validated or whose call failed.
     failed: tuple[str, ...] = ()
+    #: One label per answered persona probe (``None``: no probe answers, or no card).
+    qa: list[int] | None = None
 
     def score(self, measure: Measure) -> float | None:
         """The mean label of ``measure`` (``None`` when it has none)."""
@@ -113,6 +135,16 @@ def _messages(conv: Conversation, card: str, measure: Measure) -> list[Message]:
     ]
 
 
+def _qa_messages(card: str, answered: Sequence[PersonaProbe]) -> list[Message]:
+    numbered = "\n".join(
+        f"[{i}] QUESTION: {p.question}\n[{i}] ANSWER: {p.answer}" for i, p in enumerate(answered)
+    )
+    return [
+        {"role": "system", "content": QA_RUBRIC},
+        {"role": "user", "content": f"Persona card:\n{card}\n\nQuestions and answers:\n{numbered}"},
+    ]
+
+
 def _expected(conv: Conversation, measure: Measure) -> int:
     n = conv.speakers.count("client")
     return n if measure == "prompt_to_line" else max(0, n - 1)
@@ -125,11 +157,13 @@ async def judge_consistency(
     *,
     concurrency: int = 8,
     on_done: Callable[[int], None] | None = None,
+    qa: Mapping[str, Sequence[PersonaProbe]] | None = None,
 ) -> tuple[dict[str, ConsistencyVerdict], int]:
-    """Prompt-to-line and line-to-line labels of every dialogue by one judge.
+    """Prompt-to-line, line-to-line and (with ``qa``: each dialogue's persona probes) Q&A
+    labels of every dialogue by one judge.
 
-    Dialogues whose persona has no card get no prompt-to-line labels; a measure with no line
-    to judge is skipped without a call.
+    Dialogues whose persona has no card get no prompt-to-line or Q&A labels; a measure with
+    no line (or answer) to judge is skipped without a call.
 
     Returns:
         ``(verdicts by dialogue_id, fallbacks)``: fallbacks count measures whose reply never
@@ -157,8 +191,22 @@ async def judge_consistency(
                 fallbacks += 1
                 failed.append(measure)
             labels[measure] = None if parsed is None else [int(x) for x in parsed.labels]
+        answered = [p for p in (qa or {}).get(conv.dialogue_id, ()) if p.answer is not None]
+        card = cards.get(conv.persona_id, "")
+        labels["qa"] = None
+        if answered and card.strip():
+            async with limiter:
+                parsed = await llm.structured(
+                    CONSISTENCY_ROLE, conv.dialogue_id, _qa_messages(card, answered),
+                    _labels_model(len(answered)),
+                )
+            if parsed is None:
+                fallbacks += 1
+                failed.append("qa")
+            labels["qa"] = None if parsed is None else [int(x) for x in parsed.labels]
         out[conv.dialogue_id] = ConsistencyVerdict(
-            conv.dialogue_id, labels["prompt_to_line"], labels["line_to_line"], tuple(failed)
+            conv.dialogue_id, labels["prompt_to_line"], labels["line_to_line"], tuple(failed),
+            qa=labels["qa"],
         )
         if on_done is not None:
             on_done(1)

@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 
 from tqdm import tqdm
 
-from spasm.evaluation.consistency import CONSISTENCY_ROLE, ConsistencyVerdict, Measure, judge_consistency
+from spasm.dataset.columns import PersonaProbe
+from spasm.evaluation.consistency import (
+    CONSISTENCY_ROLE,
+    ConsistencyVerdict,
+    Measure,
+    judge_consistency,
+    measure_column,
+)
 from spasm.evaluation.echoing import EchoVerdict
 from spasm.evaluation.ensemble import (
     DISAGREEMENTS_LISTED,
@@ -79,19 +86,22 @@ def consistency_stage(
     *,
     concurrency: int,
     show: bool,
+    qa: Mapping[str, Sequence[PersonaProbe]] | None = None,
 ) -> tuple[ConsistencyMetrics, dict[str, dict[str, float | None]], dict[str, dict[str, ConsistencyVerdict]]]:
-    """Persona consistency by every judge.
+    """Persona consistency by every judge (Q&A too when ``qa`` holds the run's persona probes,
+    by dialogue).
 
-    Returns the metrics, each dialogue's scores (``consistency_<measure>``: the mean of every
-    judge's labels) and every judge's verdicts.
+    Returns the metrics, each dialogue's scores (``consistency_<measure>``, ``qa_consistency``:
+    the mean of every judge's labels) and every judge's verdicts.
     """
+    measures: tuple[Measure, ...] = (*MEASURES, "qa") if qa else MEASURES
     per_judge: dict[str, dict[str, ConsistencyVerdict]] = {}
     fallbacks = 0
     for b in llm.backends:
         label = "judging consistency" + (f" ({b.name})" if len(llm.backends) > 1 else "")
         with _bar(len(convs), label, show) as bar:
             job = functools.partial(
-                judge_consistency, convs, cards, concurrency=concurrency, on_done=bar.update
+                judge_consistency, convs, cards, concurrency=concurrency, on_done=bar.update, qa=qa
             )
             verdicts, n_fallbacks = llm.run(job, backend=b.name)
         per_judge[b.name] = verdicts
@@ -99,19 +109,19 @@ def consistency_stage(
     scores: dict[str, dict[str, float | None]] = {}
     for conv in convs:
         row: dict[str, float | None] = {}
-        for measure in MEASURES:
+        for measure in measures:
             labels = [
                 x
                 for v in per_judge.values()
                 if conv.dialogue_id in v
                 for x in (getattr(v[conv.dialogue_id], measure) or [])
             ]
-            row[f"consistency_{measure}"] = sum(labels) / len(labels) if labels else None
+            row[measure_column(measure)] = sum(labels) / len(labels) if labels else None
         scores[conv.dialogue_id] = row
     calls = sum(llm.sessions[b.name].calls(CONSISTENCY_ROLE) for b in llm.backends)
-    notes = [
+    notes = [] if qa else [
         "Q&A consistency (questions about the persona put to the simulated Client) is not "
-        "computed: it needs answers from the Client's model, which a run does not hold."
+        "measured: run with harness.persona_probes."
     ]
     if not any(c.persona_id in cards and cards[c.persona_id].strip() for c in convs):
         notes.append("No persona has a card, so there is no prompt-to-line score.")
@@ -120,7 +130,7 @@ def consistency_stage(
             judges=[b.name for b in llm.backends],
             calls=calls,
             fallbacks=fallbacks,
-            stats=_stats(convs, scores),
+            stats=_stats(convs, scores, measures),
             notes=notes,
         ),
         scores,
@@ -129,7 +139,8 @@ def consistency_stage(
 
 
 def _stats(
-    convs: Sequence[Conversation], scores: Mapping[str, Mapping[str, float | None]]
+    convs: Sequence[Conversation], scores: Mapping[str, Mapping[str, float | None]],
+    measures: Sequence[Measure] = MEASURES,
 ) -> list[ConsistencyStat]:
     groups: dict[tuple[str, str], list[Conversation]] = {}
     for c in convs:
@@ -137,8 +148,8 @@ def _stats(
     scopes = [(("all", "all"), list(convs)), *sorted(groups.items(), key=group_key)]
     out = []
     for (pairing, condition), members in scopes:
-        for measure in MEASURES:
-            column = f"consistency_{measure}"
+        for measure in measures:
+            column = measure_column(measure)
             values = [v for c in members if (v := scores[c.dialogue_id][column]) is not None]
             mean, low, high, n = mean_ci(values)
             out.append(
@@ -189,7 +200,9 @@ def ensemble_report(
             )
         add("echoing", labels)
     if consistency is not None:
-        for measure in MEASURES:
+        asked = any(v.qa is not None or "qa" in v.failed
+                    for verdicts in consistency.values() for v in verdicts.values())
+        for measure in (*MEASURES, "qa") if asked else MEASURES:
             labels = {}
             for name, judged_lines in consistency.items():
                 per_dialogue = {d: getattr(v, measure) for d, v in judged_lines.items()}
@@ -198,12 +211,12 @@ def ensemble_report(
                 results.append(
                     JudgeResult(
                         judge=name, model=models[name], family=families[name],
-                        metric=f"consistency_{measure}", n=len(scored),
+                        metric=measure_column(measure), n=len(scored),
                         value=sum(s for s in scored if s is not None) / len(scored) if scored else None,
                         fallbacks=sum(measure in c.failed for c in judged_lines.values()),
                     )
                 )
-            add(f"consistency_{measure}", labels)
+            add(measure_column(measure), labels)
     warning = family_warning(families)
     return JudgeEnsemble(
         judges=[b.name for b in llm.backends],

@@ -258,7 +258,7 @@ class RealismMetrics(_Model):
 class ConsistencyStat(_Model):
     """Mean persona consistency (share of consistent Client lines) of one group's dialogues."""
 
-    measure: Literal["prompt_to_line", "line_to_line"]
+    measure: Literal["prompt_to_line", "line_to_line", "qa"]
     pairing: str
     condition: str
     n: int = Field(description="dialogues with a score")
@@ -283,7 +283,9 @@ class JudgeResult(_Model):
     judge: str = Field(description="backend name")
     model: str
     family: str
-    metric: str = Field(description="echoing, consistency_prompt_to_line or consistency_line_to_line")
+    metric: str = Field(
+        description="echoing, consistency_prompt_to_line, consistency_line_to_line or qa_consistency"
+    )
     n: int = Field(description="dialogues it judged (fallbacks excluded)")
     value: float | None = Field(description="echoing rate, or mean consistency")
     fallbacks: int = 0

@@ -27,6 +27,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from spasm.config import BackendConfig
+from spasm.dataset.columns import PersonaProbe, load_persona_probes
 from spasm.dataset.files import atomic_write_table, atomic_write_text
 from spasm.dataset.outputs import check_output, mark_output
 from spasm.errors import UserError
@@ -235,6 +236,21 @@ def _llm_backends(
     return first + [resolve_backend(run_dir, name=j) for j in judges]
 
 
+def _persona_probes(data: RunData) -> dict[str, list[PersonaProbe]]:
+    """The Client's persona probes (``harness.persona_probes``) of each dialogue that has them,
+    read from its turns' ``probe`` column (empty for a run without them)."""
+    turns = data.turns
+    if "probe" not in turns.columns:
+        return {}
+    out: dict[str, list[PersonaProbe]] = {}
+    held = turns[(turns["speaker"] == "client") & turns["probe"].notna()]
+    for did, raw in zip(held["dialogue_id"], held["probe"], strict=True):
+        asked = load_persona_probes(raw)
+        if asked:
+            out.setdefault(str(did), []).extend(asked)
+    return out
+
+
 def _check_baseline(data: RunData, baseline: str | None) -> None:
     conditions = sorted({c.condition for c in data.conversations})
     if baseline is not None and baseline not in conditions:
@@ -317,7 +333,7 @@ def _evaluate(
         t0 = time.perf_counter()
         cards = {pid: str(p.get("card") or "") for pid, p in personas.items()}
         consistency_metrics, scores, consistency_by_judge = consistency_stage(
-            llm, convs, cards, concurrency=concurrency, show=show
+            llm, convs, cards, concurrency=concurrency, show=show, qa=_persona_probes(data)
         )
         realism_cols = realism_cols.join(pd.DataFrame.from_dict(scores, orient="index", dtype=float))
         timings["consistency"] = time.perf_counter() - t0

@@ -7,12 +7,12 @@ nothing of levels, audits or probes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spasm.agents import PlainAgent, TurnAgent
 from spasm.harness.levels import layers
-from spasm.harness.measure import AuditedAgent, RecallProbes
+from spasm.harness.measure import AuditedAgent, PersonaProbes, RecallProbes
 from spasm.harness.runtime import HarnessedAgent
 
 if TYPE_CHECKING:
@@ -37,6 +37,10 @@ def harness_agents(
     return out
 
 
-def harness_hooks(config: RunConfig) -> list[DialogueHook]:
-    """What measures the agents after the dialogue: the recall probes when asked for."""
-    return [RecallProbes(config)] if config.harness.recall_probe else []
+def harness_hooks(config: RunConfig, persona: Mapping[str, Any] | None = None) -> list[DialogueHook]:
+    """What measures the agents after the dialogue: the recall probes, then the Client's
+    persona probes (about ``persona``), each when asked for."""
+    hooks: list[DialogueHook] = [RecallProbes(config)] if config.harness.recall_probe else []
+    if config.harness.persona_probes and persona is not None:
+        hooks.append(PersonaProbes(config, persona))
+    return hooks

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: Roles that exist only to measure (reported apart from a level's cost).
-MEASUREMENT_ROLES = frozenset({"audit", "probe"})
+MEASUREMENT_ROLES = frozenset({"audit", "probe", "persona_probe"})
 #: Roles run once per persona per run, whichever dialogue triggered them.
 ONE_OFF_ROLES = frozenset({"policy"})
 RESAMPLES = 1000

@@ -15,17 +15,20 @@ neither: the audit is a wrapping agent (:class:`AuditedAgent`, itself a
   and its violations and advice into the control fields of the stored state.
 * **Recall probes** (``harness.recall_probe``, at ``harness.probe_depths``): see
   :mod:`spasm.harness.probe`.
+* **Persona probes** (``harness.persona_probes``): the Client is asked a few questions about
+  itself, written in code from its persona fields (:data:`PERSONA_QUESTIONS`), for the Q&A
+  consistency of ``spasm eval --consistency`` (:class:`PersonaProbes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from spasm.agents import NextPrompt, Turn, TurnAgent
 from spasm.backends.base import ChatRequest, Message
-from spasm.dataset.columns import dump_probes
+from spasm.dataset.columns import PersonaProbe, dump_probes, load_persona_probes, load_probes
 from spasm.dataset.rows import TurnRow
 from spasm.errors import BackendError
 from spasm.harness.notes import HarnessNotes
@@ -42,7 +45,10 @@ if TYPE_CHECKING:
     from spasm.harness.state import AgentState
     from spasm.session import DialogueSession
 
-__all__ = ["AuditResult", "AuditedAgent", "Auditor", "RecallProbes", "recall_probes"]
+__all__ = [
+    "PERSONA_QUESTIONS", "AuditResult", "AuditedAgent", "Auditor", "PersonaProbes", "RecallProbes",
+    "persona_probes", "persona_questions", "recall_probes",
+]
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,7 @@ class RecallProbes:
             probes = await recall_probes(agent, history, session, self.config)
             own = [t for t in turns if t.speaker == agent.speaker]
             if probes and own:
-                own[-1].probe = dump_probes(probes)
+                own[-1].probe = dump_probes(probes, _kept_persona(own[-1].probe))
 
 
 async def recall_probes(
@@ -200,4 +206,83 @@ async def recall_probes(
             continue
         answer = completion.text.strip()
         out.append({**record, "answer": answer, "recall": recall(facts, answer)})
+    return out
+
+
+#: The persona probes' questions, one per persona field (a field the persona lacks is not
+#: asked about); ``city`` and ``location`` are the same question, asked once.
+PERSONA_QUESTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("age",), "How old are you?"),
+    (("occupation",), "What do you do for a living?"),
+    (("city", "location"), "Which city do you live in?"),
+    (("concern",), "What did you come to talk about today?"),
+)
+_PERSONA_PREAMBLE = (
+    "Pause the conversation for a moment. Answer as yourself, in one short sentence: "
+)
+
+
+def persona_questions(persona: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(field, question, expected value)`` for each :data:`PERSONA_QUESTIONS` field the
+    persona has (the first present of alternatives), in that order."""
+    out = []
+    for names, question in PERSONA_QUESTIONS:
+        for name in names:
+            value = persona.get(name)
+            if value is not None and str(value).strip():
+                out.append((name, question, str(value).strip()))
+                break
+    return out
+
+
+def _kept_persona(raw: str | None) -> list[PersonaProbe] | None:
+    """The persona probes already in a ``turns.probe`` cell (``None``: none there)."""
+    return load_persona_probes(raw) or None
+
+
+class PersonaProbes:
+    """A hook after the dialogue: the Client's persona probes, stored on its last turn beside
+    any recall probes, as ``{"probes": [...], "persona": [...]}``."""
+
+    def __init__(self, config: RunConfig, persona: Mapping[str, Any]) -> None:
+        self.config = config
+        self.persona = persona
+
+    async def after(
+        self, agents: Sequence[TurnAgent], history: History, turns: list[TurnRow],
+        session: DialogueSession,
+    ) -> None:
+        """Ask the Client and store the answers on its last turn."""
+        for agent in agents:
+            if agent.speaker != "client":
+                continue
+            own = [t for t in turns if t.speaker == agent.speaker]
+            if not own:
+                continue
+            asked = await persona_probes(agent, self.persona, history, session)
+            if asked:
+                own[-1].probe = dump_probes(load_probes(own[-1].probe), asked)
+
+
+async def persona_probes(
+    agent: TurnAgent, persona: Mapping[str, Any], history: History, session: DialogueSession
+) -> list[PersonaProbe]:
+    """Put each of :func:`persona_questions` to the agent: one call each (role
+    ``persona_probe``, temperature 0, on the agent's own backend, since what is measured is
+    its model) on the prompt it would see for a next turn plus the question."""
+    prompt = agent.next_prompt(history, session)
+    out = []
+    for name, question, expected in persona_questions(persona):
+        messages: list[Message] = [
+            *prompt.messages, {"role": "system", "content": _PERSONA_PREAMBLE + question}
+        ]
+        request = ChatRequest(messages=tuple(messages), temperature=0.0, max_tokens=60,
+                              seed=derive_seed(session.seed, "persona_probe", agent.speaker, name))
+        record = {"field": name, "question": question, "expected": expected}
+        try:
+            completion = await session.complete("persona_probe", agent.backend, request)
+        except BackendError as exc:
+            out.append(PersonaProbe(**record, answer=None, error=type(exc).__name__))
+            continue
+        out.append(PersonaProbe(**record, answer=completion.text.strip()))
     return out
