@@ -68,12 +68,13 @@ def test_the_client_is_asked_about_itself_and_q_and_a_is_judged(tmp_path: Path) 
                  if str(b["messages"][-1]["content"]).startswith(PREAMBLE)]
         m = evaluate(run, embedder="lookup", progress=False, consistency=True)
 
-    personas = pd.read_parquet(run / "personas.parquet").set_index("persona_id")
+    personas = {str(r["persona_id"]): {str(k): v for k, v in r.items()}
+                for r in pd.read_parquet(run / "personas.parquet").to_dict("records")}
     dialogues = pd.read_parquet(run / "dialogues.parquet")
     turns = pd.read_parquet(run / "turns.parquet").sort_values(["dialogue_id", "turn_index"])
     questions = []
     for d in dialogues.itertuples():
-        persona = personas.loc[d.persona_id].to_dict()
+        persona = personas[str(d.persona_id)]
         expected = persona_questions(persona)
         assert [f for f, _, _ in expected] == ["age", "occupation", "city", "concern"]
         mine = turns[turns.dialogue_id == d.dialogue_id]
