@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from spasm.backends.base import Message
 from spasm.calls import Caller, CallScope
 from spasm.errors import ConfigError
-from spasm.history import History
+from spasm.history import History, Utterance
 from spasm.projection import transcript
 from spasm.registry import DETECTORS
 
@@ -89,25 +89,38 @@ class RuleDetector:
 
     async def check(self, history: History, scope: CallScope) -> Stop | None:
         recent = history.last(self.window)
-        start = len(history) - len(recent)
-        for offset, u in enumerate(recent):
-            if any(m in u.content for m in _MARKERS):
-                return Stop("natural_rule", f"end marker in {u.speaker} turn {start + offset}")
+        if (stop := _end_marker(history, recent)) is not None:
+            return stop
         last_two = history.last(2)
         client_last = [u for u in last_two if u.speaker == "client"]
         if client_last and (m := _CLOSING.search(client_last[-1].content)):
             return Stop("natural_rule", f"client closing formula {m.group(0)!r}")
         if len(last_two) == 2 and all(_CLOSING.search(u.content) for u in last_two):
             return Stop("natural_rule", "both sides used closing formulas")
-        repeats = 0
-        for i, u in enumerate(recent):
-            earlier = history.utterances[: start + i]
-            if any(e.speaker == u.speaker and near_duplicate(e.content, u.content) for e in earlier):
-                repeats += 1
-        if repeats >= 2:
-            return Stop("natural_rule", f"repetition loop ({repeats} of the last {len(recent)} "
-                        "utterances repeat earlier ones)")
-        return None
+        return _repetition(history, recent)
+
+
+def _end_marker(history: History, recent: tuple[Utterance, ...]) -> Stop | None:
+    """Stop at an end marker in one of the ``recent`` (last) utterances."""
+    start = len(history) - len(recent)
+    for offset, u in enumerate(recent):
+        if any(m in u.content for m in _MARKERS):
+            return Stop("natural_rule", f"end marker in {u.speaker} turn {start + offset}")
+    return None
+
+
+def _repetition(history: History, recent: tuple[Utterance, ...]) -> Stop | None:
+    """Stop when two of the ``recent`` utterances repeat their speaker's earlier ones."""
+    start = len(history) - len(recent)
+    repeats = 0
+    for i, u in enumerate(recent):
+        earlier = history.utterances[: start + i]
+        if any(e.speaker == u.speaker and near_duplicate(e.content, u.content) for e in earlier):
+            repeats += 1
+    if repeats >= 2:
+        return Stop("natural_rule", f"repetition loop ({repeats} of the last {len(recent)} "
+                    "utterances repeat earlier ones)")
+    return None
 
 
 class GroupRuleDetector:
@@ -124,23 +137,13 @@ class GroupRuleDetector:
 
     async def check(self, history: History, scope: CallScope) -> Stop | None:
         recent = history.last(self.window)
-        start = len(history) - len(recent)
-        for offset, u in enumerate(recent):
-            if any(m in u.content for m in _MARKERS):
-                return Stop("natural_rule", f"end marker in {u.speaker} turn {start + offset}")
+        if (stop := _end_marker(history, recent)) is not None:
+            return stop
         latest = {u.speaker: u.content for u in recent}
         if len(latest) == len(self.participants) and all(
                 _CLOSING.search(text) for text in latest.values()):
             return Stop("natural_rule", "every participant used a closing formula")
-        repeats = 0
-        for i, u in enumerate(recent):
-            earlier = history.utterances[: start + i]
-            if any(e.speaker == u.speaker and near_duplicate(e.content, u.content) for e in earlier):
-                repeats += 1
-        if repeats >= 2:
-            return Stop("natural_rule", f"repetition loop ({repeats} of the last {len(recent)} "
-                        "utterances repeat earlier ones)")
-        return None
+        return _repetition(history, recent)
 
 
 class JudgeVerdict(BaseModel):

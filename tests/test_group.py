@@ -336,3 +336,19 @@ def test_name_field_seats_fall_back_to_prefix_on_backends_that_drop_names() -> N
     assert config.participants is not None
     assert [seat_speaker_names(config, p) for p in config.participants] == [
         "prefix", "name_field", "name_field", "name_field"]
+
+
+def test_the_rules_stop_a_group_when_every_participant_has_closed() -> None:
+    from spasm.termination import GroupRuleDetector
+
+    rules = GroupRuleDetector(IDS, window=2)
+    assert rules.window == 4  # a whole round
+    h = History()
+    for pid in IDS[:-1]:
+        h = h.append(pid, f"Thank you all, goodbye! ({pid})")
+    scope = _session().scope
+    assert anyio.run(rules.check, h, scope) is None  # the facilitator has not closed yet
+    h = h.append("Facilitator", "Take care everyone, goodbye!")
+    stop = anyio.run(rules.check, h, scope)
+    assert stop is not None and stop.detail == "every participant used a closing formula"
+    assert anyio.run(rules.check, _history(4).append("Ana", "ok <END>"), scope) is not None
