@@ -364,3 +364,24 @@ def test_a_crash_before_the_compacted_marker_is_finished_by_recover(
     assert find_damage(copy) == []
     assert len(store.parts("calls")) == 1
     assert len(open_run(copy).table("calls")) == len(open_run(small_run).table("calls")) + 1
+
+
+def test_eval_into_a_run_that_another_process_writes_is_refused(tmp_path: Path) -> None:
+    """spasm eval writes eval/ into the run (and its LLM calls into the call log): it takes the
+    run lock, so a run another writer holds is refused naming it (exit 2); with --out elsewhere
+    and no LLM it only reads the run and needs no lock."""
+    from spasm.dataset.lock import RunLock
+    from spasm.dataset.synthetic import synthesize_run
+    from spasm.errors import UserError
+    from spasm.evaluation import evaluate
+
+    run = Path(synthesize_run(tmp_path / "run", n_dialogues=6, n_personas=3))
+    with RunLock(run):
+        with pytest.raises(UserError, match="is being written by process"):
+            evaluate(run, progress=False)
+        assert main(["eval", str(run), "--no-progress"]) == 2
+        assert not (run / "eval" / "metrics.json").exists()
+        evaluate(run, progress=False, out_dir=tmp_path / "elsewhere")
+        assert (tmp_path / "elsewhere" / "metrics.json").is_file()
+    evaluate(run, progress=False)
+    assert (run / "eval" / "metrics.json").is_file()

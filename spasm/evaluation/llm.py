@@ -256,6 +256,7 @@ class EvalLLM:
         backend: EvalBackend | Sequence[EvalBackend],
         *,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        locked: bool = False,
     ):
         if max_tokens < 1:
             raise UserError("The evaluation LLM's max_tokens must be at least 1.")
@@ -269,7 +270,7 @@ class EvalLLM:
         self.backends = backends
         self.backend = backends[0]
         self.max_tokens = max_tokens
-        self.log = RunCallLog(self.run_dir)
+        self.log = RunCallLog(self.run_dir, locked=locked)
         try:
             # Built now so that a missing API key fails before any embedding work.
             self._models = {b.name: _PreflightOnFirstCall(make_backend(b.name, b.config)) for b in backends}
@@ -369,17 +370,19 @@ class RunCallLog:
     """The run's ``calls`` table, as evaluation appends to it: the one place it writes run tables.
 
     Holds the run's write lock from construction to :meth:`close` (a second writer, e.g. a
-    resumed ``spasm generate``, fails at once with a UserError naming the process).
+    resumed ``spasm generate``, fails at once with a UserError naming the process); with
+    ``locked`` the caller holds it already (``spasm eval``, for the whole evaluation).
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, locked: bool = False) -> None:
         self.run_dir = run_dir
-        self._lock = RunLock(run_dir).acquire()
+        self._lock: RunLock | None = None if locked else RunLock(run_dir).acquire()
 
     def append(self, batch_id: str, records: Sequence[CallRow]) -> None:
         """Append rows to the ``calls`` table as one committed batch, through the run store."""
         RunStore(self.run_dir).write_batch(batch_id, {"calls": list(records)})
 
     def close(self) -> None:
-        """Release the run's write lock."""
-        self._lock.release()
+        """Release the run's write lock (if it took it)."""
+        if self._lock is not None:
+            self._lock.release()

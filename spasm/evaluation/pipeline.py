@@ -29,6 +29,7 @@ from tqdm import tqdm
 from spasm.config import BackendConfig
 from spasm.dataset.columns import PersonaProbe, load_persona_probes
 from spasm.dataset.files import atomic_write_table, atomic_write_text
+from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import check_output, mark_output
 from spasm.errors import UserError
 from spasm.evaluation.agreement import human_agreement
@@ -186,43 +187,51 @@ def evaluate(
     llm_cm: AbstractContextManager[EvalLLM | None] = nullcontext()
     judges = list(judges)
     judge = judge or (bool(judges) and not consistency)
-    if mode == "probe" or judge or consistency:
-        choice = _llm_backends(run_dir, llm_backend, llm_config, judges)
-        data = load_run(run_dir)  # a run without tables fails before the cache is created
-        _check_baseline(data, baseline)
-        llm_cm = EvalLLM(run_dir, choice, max_tokens=llm_max_tokens)
-    else:
-        data = load_run(run_dir)
-        _check_baseline(data, baseline)
-    timings["load"] = time.perf_counter() - t_start
-    with llm_cm as llm:  # on exit, the LLM calls are appended to the run's call log
-        metrics, per_dialogue, per_participant = _evaluate(
-            data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
-            retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
-            show=show, timings=timings, reference=reference, consistency=consistency,
-            ensemble=bool(judges),
-        )
-    t0 = time.perf_counter()
-    comparison = compare_conditions(per_dialogue, metrics, baseline=baseline, run_dir=data.run_dir)
-    timings["compare"] = time.perf_counter() - t0
-    timings["total"] = time.perf_counter() - t_start
-    metrics.timings = {k: round(v, 3) for k, v in timings.items()}
-    if write:
+    uses_llm = mode == "probe" or judge or consistency
+    # Writing eval/ into the run, or appending its LLM calls to the run's call log, is writing
+    # the run: one writer at a time (a run that generate holds is refused, naming its process).
+    into_run = write and out.resolve().is_relative_to(run_dir.resolve())
+    lock: AbstractContextManager[object] = (
+        RunLock(run_dir) if (into_run or uses_llm) and run_dir.is_dir() else nullcontext())
+    with lock:
+        if uses_llm:
+            choice = _llm_backends(run_dir, llm_backend, llm_config, judges)
+            data = load_run(run_dir)  # a run without tables fails before the cache is created
+            _check_baseline(data, baseline)
+            llm_cm = EvalLLM(run_dir, choice, max_tokens=llm_max_tokens, locked=True)
+        else:
+            data = load_run(run_dir)
+            _check_baseline(data, baseline)
+        timings["load"] = time.perf_counter() - t_start
+        with llm_cm as llm:  # on exit, the LLM calls are appended to the run's call log
+            metrics, per_dialogue, per_participant = _evaluate(
+                data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
+                retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
+                show=show, timings=timings, reference=reference, consistency=consistency,
+                ensemble=bool(judges),
+            )
         t0 = time.perf_counter()
-        mark_output(out, "eval")
-        atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
-        atomic_write_table(out / PER_DIALOGUE_FILE, pa.Table.from_pandas(per_dialogue, preserve_index=False))
-        if per_participant is not None:
-            atomic_write_table(out / PER_PARTICIPANT_FILE,
-                               pa.Table.from_pandas(per_participant, preserve_index=False))
-        else:  # a stale file of an earlier evaluation must not describe this run
-            (out / PER_PARTICIPANT_FILE).unlink(missing_ok=True)
-        write_comparison(comparison, out / COMPARE_FILE)
-        figures = report_figures(metrics, per_dialogue, comparison)
-        write_figures(out, figures)  # the same figures as data, for the viewer
-        write_report(metrics, per_dialogue, out / REPORT_FILE, figures, comparison)
-        metrics.timings["report"] = round(time.perf_counter() - t0, 3)
-        atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
+        comparison = compare_conditions(per_dialogue, metrics, baseline=baseline, run_dir=data.run_dir)
+        timings["compare"] = time.perf_counter() - t0
+        timings["total"] = time.perf_counter() - t_start
+        metrics.timings = {k: round(v, 3) for k, v in timings.items()}
+        if write:
+            t0 = time.perf_counter()
+            mark_output(out, "eval")
+            atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
+            atomic_write_table(out / PER_DIALOGUE_FILE,
+                               pa.Table.from_pandas(per_dialogue, preserve_index=False))
+            if per_participant is not None:
+                atomic_write_table(out / PER_PARTICIPANT_FILE,
+                                   pa.Table.from_pandas(per_participant, preserve_index=False))
+            else:  # a stale file of an earlier evaluation must not describe this run
+                (out / PER_PARTICIPANT_FILE).unlink(missing_ok=True)
+            write_comparison(comparison, out / COMPARE_FILE)
+            figures = report_figures(metrics, per_dialogue, comparison)
+            write_figures(out, figures)  # the same figures as data, for the viewer
+            write_report(metrics, per_dialogue, out / REPORT_FILE, figures, comparison)
+            metrics.timings["report"] = round(time.perf_counter() - t0, 3)
+            atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
     return metrics
 
 
