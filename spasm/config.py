@@ -675,13 +675,14 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
 MAX_FILE_BYTES = 8 * 1024 * 1024
 
 
-def read_yaml(path: str | Path, what: str) -> Any:
-    """Read a user's YAML (or JSON) file: every way it can be unreadable is a ConfigError
-    naming the file, never a traceback."""
+def read_user_text(path: str | Path, what: str, *, kinds: str = "a YAML file") -> str:
+    """A user's text file (a config, a schema, scenarios), read with every way it can be
+    unreadable a ConfigError naming the file (and the line of a byte that is not UTF-8),
+    never a traceback; at most :data:`MAX_FILE_BYTES`; a UTF-8 byte-order mark is dropped."""
     p = Path(path)
     try:
         if p.is_dir():
-            raise ConfigError(f"{what} {p} is a directory; name a YAML file.")
+            raise ConfigError(f"{what} {p} is a directory; name {kinds}.")
         with p.open("rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
@@ -690,9 +691,18 @@ def read_yaml(path: str | Path, what: str) -> Any:
         raise ConfigError(f"{what} {p} is over {MAX_FILE_BYTES // (1024 * 1024)} MiB; is this the "
                           "right file?")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p} is not UTF-8 text (byte {exc.start}); save the {what} as UTF-8.") from None
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{p}, line {line}: not UTF-8 text (byte {exc.start}); save the {what} "
+                          "as UTF-8.") from None
+
+
+def read_yaml(path: str | Path, what: str) -> Any:
+    """Read a user's YAML (or JSON) file: every way it can be unreadable is a ConfigError
+    naming the file, never a traceback."""
+    p = Path(path)
+    text = read_user_text(p, what)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

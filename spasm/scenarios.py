@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from spasm.config import MAX_FILE_BYTES, RunConfig
+from spasm.config import RunConfig, read_user_text
 from spasm.errors import ConfigError
 
 __all__ = [
@@ -117,22 +117,7 @@ def parse_scenarios(records: Sequence[tuple[int | None, Any]], source: str) -> l
 
 
 def _read_text(path: Path) -> str:
-    try:
-        if path.is_dir():
-            raise ConfigError(f"scenarios {path} is a directory; name a YAML, JSONL or CSV file.")
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"Cannot read scenarios {path}: {exc.strerror}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ConfigError(f"scenarios {path} is over {MAX_FILE_BYTES // (1024 * 1024)} MiB; is this "
-                          "the right file?")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}, line {line}: not UTF-8 text (byte {exc.start}); save the "
-                          "scenarios as UTF-8.") from None
+    return read_user_text(path, "scenarios", kinds="a YAML, JSONL or CSV file")
 
 
 def _yaml_records(text: str, source: str) -> list[tuple[int | None, Any]]:
