@@ -401,7 +401,20 @@ def load_verdict(raw: object) -> CheckerVerdict | None:
 # -- turns.probe --------------------------------------------------------------------------------
 
 
-class Probe(BaseModel):
+class _ProbeRecord(BaseModel):
+    """A probe's stored form: its ``error`` is left out of the JSON when the call worked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("error") is None:
+            data.pop("error", None)
+        return data
+
+
+class Probe(_ProbeRecord):
     """One recall probe (:mod:`spasm.harness.probe`): a partner message an agent was asked
     about after the dialogue, and how much of it the answer recalled."""
 
@@ -424,15 +437,8 @@ class Probe(BaseModel):
     #: The error's type when the probe call failed (left out of the JSON otherwise).
     error: str | None = None
 
-    @model_serializer(mode="wrap")
-    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("error") is None:
-            data.pop("error", None)
-        return data
 
-
-class PersonaProbe(BaseModel):
+class PersonaProbe(_ProbeRecord):
     """One persona probe (``harness.persona_probes``): a question about the Client itself,
     built from one persona field, put to it after the dialogue, and its answer — judged
     against the card by ``spasm eval --consistency`` (Q&A consistency)."""
@@ -447,13 +453,6 @@ class PersonaProbe(BaseModel):
     answer: str | None = None
     #: The error's type when the probe call failed (left out of the JSON otherwise).
     error: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        if data.get("error") is None:
-            data.pop("error", None)
-        return data
 
 
 def dump_probes(
