@@ -29,28 +29,25 @@ runs in a subprocess so that its CPU is never charged to the engine, as in
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
 import platform
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import openai
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.throughput import Measure, server_process  # noqa: E402 - needs ROOT on sys.path
-from spasm.config import parse_config  # noqa: E402
-from spasm.dataset import open_run  # noqa: E402
-from spasm.engine import Engine  # noqa: E402
+from benchmarks.throughput import (  # noqa: E402 - needs ROOT on sys.path
+    Measure,
+    server_process,
+    timed_engine_run,
+)
 
 #: The group's seats: three people seeking help and one facilitator, as in issue 19's example.
 SEATS = [("Ana", "client"), ("Ben", "client"), ("Carla", "client"), ("Facilitator", "responder")]
@@ -97,31 +94,13 @@ def group_config(base_url: str, dialogues: int, concurrency: int, utterances: in
 
 
 def run_engine(data: dict[str, Any], dialogues: int, utterances: int) -> Measure:
-    """One ``Engine.run`` of ``data`` into a fresh directory; calls from its ``calls`` table."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    config = parse_config(data, "<benchmark>")
-    with tempfile.TemporaryDirectory(prefix="spasm-bench-") as tmp:
-        run_dir = Path(tmp) / "run"
-        engine = Engine(config, run_dir, progress=False)
-        gc.collect()
-        c0, t0, e0 = time.process_time(), time.perf_counter(), time.time()
-        summary = anyio.run(engine.run)
-        wall, cpu, e1 = time.perf_counter() - t0, time.process_time() - c0, time.time()
-        if summary.completed != dialogues or summary.errors:
-            raise RuntimeError(f"engine run incomplete: {summary.line()}")
-        n_turns = open_run(run_dir).table("turns", ["dialogue_id"]).num_rows
-        calls = pq.read_table(run_dir / "calls.parquet", columns=["outcome", "started_at", "latency_s"])
-        ok = int(pc.sum(pc.equal(calls["outcome"], "ok")).as_py())
-        starts = calls["started_at"].to_pylist()
-        ends = [s.timestamp() + lat for s, lat in zip(starts, calls["latency_s"].to_pylist(), strict=True)]
-        first, last = min(s.timestamp() for s in starts), max(ends)
+    """One timed ``Engine.run`` of ``data`` (:func:`benchmarks.throughput.timed_engine_run`):
+    every utterance one successful call, all of them stored."""
     expected = dialogues * utterances
-    if n_turns != expected or ok != expected:
-        raise RuntimeError(f"expected {expected} utterances and calls, the run has {n_turns} and {ok}")
-    return Measure(n_turns, wall, cpu, window_s=last - first, errors=len(calls) - ok, before_s=first - e0,
-                   after_s=e1 - last)
+    measure, n_turns = timed_engine_run(data, dialogues, expected)
+    if n_turns != expected:
+        raise RuntimeError(f"expected {expected} utterances, the run stored {n_turns}")
+    return measure
 
 
 def _parser() -> argparse.ArgumentParser:

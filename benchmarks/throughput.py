@@ -208,10 +208,19 @@ def engine_config(
 def run_engine(
     base_url: str, dialogues: int, concurrency: int, turns: int, in_flight: int | None = None
 ) -> Measure:
+    data = engine_config(base_url, dialogues, concurrency, turns, in_flight)
+    return timed_engine_run(data, dialogues, dialogues * 2 * turns)[0]
+
+
+def timed_engine_run(data: dict[str, Any], dialogues: int, expected_calls: int) -> tuple[Measure, int]:
+    """One ``Engine.run`` of the config ``data`` into a fresh directory, timed, with its calls read
+    from the ``calls`` table (their window, the time before and after them); returns the measure
+    and the number of turns the run stored. ``expected_calls`` successful calls must be there."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    data = engine_config(base_url, dialogues, concurrency, turns, in_flight)
+    from spasm.dataset import open_run
+
     config = parse_config(data, "<benchmark>")
     with tempfile.TemporaryDirectory(prefix="spasm-bench-") as tmp:
         run_dir = Path(tmp) / "run"
@@ -222,17 +231,18 @@ def run_engine(
         wall, cpu, e1 = time.perf_counter() - t0, time.process_time() - c0, time.time()
         if summary.completed != dialogues or summary.errors:
             raise RuntimeError(f"engine run incomplete: {summary.line()}")
+        n_turns = open_run(run_dir).table("turns", ["dialogue_id"]).num_rows
         calls = pq.read_table(run_dir / "calls.parquet", columns=["outcome", "started_at", "latency_s"])
         ok = int(pc.sum(pc.equal(calls["outcome"], "ok")).as_py())
         starts = calls["started_at"].to_pylist()
         ends = [s.timestamp() + lat for s, lat in zip(starts, calls["latency_s"].to_pylist(), strict=True)]
         first, last = min(s.timestamp() for s in starts), max(ends)
-    expected = dialogues * 2 * turns
-    if ok != expected:
-        raise RuntimeError(f"expected {expected} successful calls, the calls table has {ok}")
-    return Measure(
+    if ok != expected_calls:
+        raise RuntimeError(f"expected {expected_calls} successful calls, the calls table has {ok}")
+    measure = Measure(
         ok, wall, cpu, window_s=last - first, errors=len(calls) - ok, before_s=first - e0, after_s=e1 - last
     )
+    return measure, n_turns
 
 
 # ---------------------------------------------------------------------------------------------
