@@ -89,11 +89,11 @@ def group_presence(me: str, seats: Sequence[tuple[str, str, str]]) -> str:
             "its speaker's name.")
 
 
-def group_client_system_prompt(card: str, me: str, seats: Sequence[tuple[str, str, str]],
-                               instructions: str | None = None) -> str:
-    """A client seat's frame: its persona card, who is present, how to behave in a group."""
+def group_client_instructions(me: str, seats: Sequence[tuple[str, str, str]],
+                              instructions: str | None = None) -> str:
+    """How a client seat behaves in a group (its frame without the persona card)."""
     base = (
-        f"{card}\n\n{group_presence(me, seats)} You are one of the people seeking help: stay "
+        f"{group_presence(me, seats)} You are one of the people seeking help: stay "
         "this person throughout, with your own concern, feelings and way of speaking, and speak "
         "only for yourself, in the first person. Never write another participant's lines or "
         "speak for them, and do not start your message with a name. Write short chat messages "
@@ -101,6 +101,12 @@ def group_client_system_prompt(card: str, me: str, seats: Sequence[tuple[str, st
         "goodbye naturally."
     )
     return f"{base}\n\n{instructions}" if instructions else base
+
+
+def group_client_system_prompt(card: str, me: str, seats: Sequence[tuple[str, str, str]],
+                               instructions: str | None = None) -> str:
+    """A client seat's frame: its persona card, who is present, how to behave in a group."""
+    return f"{card}\n\n{group_client_instructions(me, seats, instructions)}"
 
 
 def group_responder_system_prompt(role: str, me: str, seats: Sequence[tuple[str, str, str]],

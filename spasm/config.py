@@ -374,8 +374,9 @@ class ParticipantConfig(_Strict):
     #: and extra instructions; a client seat's instructions are added to its frame.
     responder_role: str | None = None
     instructions: str | None = None
-    #: Harness level: group dialogues run at level A for now.
-    level: Literal["A"] = "A"
+    #: The seat's harness level (A–E, SPEC §4); the ``harness:`` block's settings (window,
+    #: corpus, checker, audit, persona probes …) apply to every harnessed seat.
+    level: HarnessLevel = "A"
 
 
 class GroupConfig(_Strict):
@@ -533,10 +534,13 @@ class RunConfig(_Strict):
         if g.moderator_backend is not None and g.moderator_backend not in self.backends:
             raise ValueError(f"group.moderator_backend names backend {g.moderator_backend!r}, "
                              f"not one of {sorted(self.backends)}")
-        if self.harness.active:
-            raise ValueError("group dialogues run at harness level A for now: remove the "
-                             "harness settings (levels, client, responder, audit, recall_probe, "
-                             "persona_probes)")
+        h = self.harness
+        if h.levels is not None or h.client != "A" or h.responder != "A":
+            raise ValueError("a group run sets each seat's harness level as participants[].level; "
+                             "remove harness.levels, harness.client and harness.responder")
+        if h.recall_probe:
+            raise ValueError("recall probes ask about one partner: they are for two-party "
+                             "dialogues; remove harness.recall_probe from this group run")
         if self.scenarios is not None:
             raise ValueError("scenarios are for two-party dialogues; a group run has none yet")
         return self

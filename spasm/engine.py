@@ -263,6 +263,7 @@ class Engine:
 
         h = self.config.harness
         levels = set(h.levels or [h.client, h.responder])
+        levels |= {s.level for s in self.config.participants or ()}  # a group's seats
         return h.extract_policy and (h.audit or any(layers(lv).policy for lv in levels))
 
     def dialogues_in_flight(self, backends: dict[str, Backend]) -> int:

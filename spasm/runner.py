@@ -38,6 +38,7 @@ from spasm.errors import BudgetExceededError, RunError
 from spasm.goals import GOAL_REACHED, GoalDetector, GoalVerdict, judge_goal
 from spasm.harness.factory import harness_agents, harness_hooks
 from spasm.harness.levels import level_label
+from spasm.harness.profile import Presence
 from spasm.projection import Viewer, group_viewer
 from spasm.scenarios import Scenario, client_card, responder_context
 from spasm.session import DialogueSession
@@ -61,8 +62,9 @@ class DialogueSpec:
     condition: str
     pairing: PairingConfig
     seed: int
-    #: Harness level (A–E) of the Client and of the Responder (SPEC §4).
-    levels: tuple[str, str] = ("A", "A")
+    #: Harness level (A–E) of the Client and of the Responder (SPEC §4); of every seat, in
+    #: turn order, in a group dialogue.
+    levels: tuple[str, ...] = ("A", "A")
     #: The scenario of a run with scenarios (its situation and goal go on the Client's card).
     scenario: Scenario | None = None
 
@@ -83,6 +85,11 @@ class GroupSpec(DialogueSpec):
     estimate name); ``seats`` are all of them, in turn order."""
 
     seats: tuple[GroupSeat, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Each seat's level (``participants[].level``): what the harness and the dialogues
+        # row's ``harness_level`` read.
+        object.__setattr__(self, "levels", tuple(s.participant.level for s in self.seats))
 
 
 @dataclass
@@ -126,7 +133,7 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
             max_tokens=d.max_tokens,
         ),
     )
-    client, responder = harness_agents(plain, spec.levels, config, spec.persona)
+    client, responder = harness_agents(plain, spec.levels, config, (spec.persona, spec.persona))
     return client, responder
 
 
@@ -176,7 +183,7 @@ def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> Dialo
     """The session of one planned dialogue (the cache estimate only in harness runs)."""
     return DialogueSession.open(
         caller, spec.dialogue_id, spec.persona["persona_id"], spec.condition, spec.seed,
-        estimate_cache=config.harness.active,
+        estimate_cache=config.harness.active or any(lv != "A" for lv in spec.levels),
         scenario_id=spec.scenario.id if spec.scenario is not None else None,
     )
 
@@ -195,7 +202,7 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
     convo = await simulate_dialogue(
         spec.dialogue_id, agents, chain, session,
         max_turns_per_agent=config.dialogue.max_turns_per_agent,
-        hooks=harness_hooks(config, spec.persona),
+        hooks=harness_hooks(config, {"client": spec.persona}),
     )
     result = DialogueResult(spec, calls=session.scope.records)
     if convo.error is not None:
@@ -322,6 +329,20 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
     return out
 
 
+def group_presences(spec: GroupSpec, config: RunConfig) -> list[Presence]:
+    """Each seat's view of its group, for its harness (its level's layers and the audit)."""
+    default_role = config.dialogue.responder_role
+    seats = tuple((s.participant.id, s.participant.role, s.participant.responder_role or default_role)
+                  for s in spec.seats)
+    helping = group_role(spec, config)
+    return [
+        Presence(role=p.role, seats=seats,
+                 responder_role=(p.responder_role or default_role) if p.role == "responder" else helping,
+                 instructions=p.instructions, max_utterances=config.group.max_utterances)
+        for p in (s.participant for s in spec.seats)
+    ]
+
+
 #: Backend kinds whose chat template drops the ``name`` field of a message: their seats always
 #: see other speakers' names as a "Name: " prefix (the embedded SmolLM2's template renders
 #: only role and content, so a name field would leave every other speaker anonymous).
@@ -354,7 +375,8 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
     speaks first, ``group.next_speaker`` picks each next speaker, the chain (its rules over all
     participants) or ``group.max_utterances`` ends it."""
     session = open_session(spec, config, caller)
-    agents = group_agents(spec, config)
+    agents = harness_agents(group_agents(spec, config), spec.levels, config,
+                            [s.persona or {} for s in spec.seats], group_presences(spec, config))
     setup = group_order_setup(spec, config)
     order = make_next_speaker(config.group.next_speaker, setup)
     chain = build_chain(config, caller, spec, participants=tuple(s.id for s in setup.seats))
@@ -362,6 +384,8 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
         spec.dialogue_id, agents, setup.seats, order, chain, session,
         opener=config.group.opener or setup.seats[0].id,
         max_utterances=config.group.max_utterances,
+        hooks=harness_hooks(config, {s.participant.id: s.persona for s in spec.seats
+                                     if s.persona is not None}),
     )
     result = DialogueResult(spec, calls=session.scope.records)
     if convo.error is not None:

@@ -194,7 +194,8 @@ def _group_data(base_url: str, **group: Any) -> dict[str, Any]:
     (lambda d: d["group"].update(opener="Zoe"), "group.opener 'Zoe'"),
     (lambda d: d["group"].update(next_speaker="loudest"), "unknown next-speaker policy"),
     (lambda d: d.update(pairings=[{"client": "srv", "responder": "srv"}]), "replaces pairings"),
-    (lambda d: d.update(harness={"levels": ["A", "E"]}), "harness level A"),
+    (lambda d: d.update(harness={"levels": ["A", "E"]}), r"participants\[\]\.level"),
+    (lambda d: d.update(harness={"recall_probe": True}), "recall probes ask about one partner"),
 ])
 def test_bad_group_configs_are_clear_errors(change: Any, message: str) -> None:
     data = _group_data("http://127.0.0.1:9/v1")

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 from spasm.agents import PlainAgent, TurnAgent
 from spasm.harness.levels import layers
 from spasm.harness.measure import AuditedAgent, PersonaProbes, RecallProbes
+from spasm.harness.profile import Presence
 from spasm.harness.runtime import HarnessedAgent
+from spasm.history import Speaker
 
 if TYPE_CHECKING:
     from spasm.config import RunConfig
@@ -23,24 +25,33 @@ __all__ = ["harness_agents", "harness_hooks"]
 
 
 def harness_agents(
-    plain: Sequence[PlainAgent], levels: Sequence[str], config: RunConfig, persona: dict[str, Any]
+    plain: Sequence[PlainAgent], levels: Sequence[str], config: RunConfig,
+    personas: Sequence[dict[str, Any]], presences: Sequence[Presence | None] | None = None,
 ) -> list[TurnAgent]:
     """Each plain agent inside the layers of its level (level A stays plain), audited when
-    ``harness.audit`` is on and its level has no verify layer of its own."""
+    ``harness.audit`` is on and its level has no verify layer of its own.
+
+    ``personas``: each agent's (in a two-party dialogue both get the Client's); ``presences``:
+    in a group dialogue, each seat's view of the group."""
     out: list[TurnAgent] = []
-    for agent, level in zip(plain, levels, strict=True):
+    seats = presences if presences is not None else [None] * len(plain)
+    for agent, level, persona, presence in zip(plain, levels, personas, seats, strict=True):
         lv = layers(level)
-        chosen: TurnAgent = HarnessedAgent(agent, level, config, persona) if lv.any else agent
+        chosen: TurnAgent = (
+            HarnessedAgent(agent, level, config, persona, presence) if lv.any else agent
+        )
         if config.harness.audit and not lv.verify:
-            chosen = AuditedAgent(chosen, config, persona)
+            chosen = AuditedAgent(chosen, config, persona, presence)
         out.append(chosen)
     return out
 
 
-def harness_hooks(config: RunConfig, persona: Mapping[str, Any] | None = None) -> list[DialogueHook]:
-    """What measures the agents after the dialogue: the recall probes, then the Client's
-    persona probes (about ``persona``), each when asked for."""
+def harness_hooks(
+    config: RunConfig, personas: Mapping[Speaker, Mapping[str, Any]] | None = None
+) -> list[DialogueHook]:
+    """What measures the agents after the dialogue: the recall probes, then each client's
+    persona probes (``personas``: the persona of each client speaker), each when asked for."""
     hooks: list[DialogueHook] = [RecallProbes(config)] if config.harness.recall_probe else []
-    if config.harness.persona_probes and persona is not None:
-        hooks.append(PersonaProbes(config, persona))
+    if config.harness.persona_probes and personas:
+        hooks.append(PersonaProbes(config, personas))
     return hooks

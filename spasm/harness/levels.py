@@ -61,7 +61,8 @@ def layers(level: str) -> Layers:
     return Layers.of(LEVELS[level])
 
 
-def level_label(client: str, responder: str) -> str:
-    """The ``dialogues.harness_level`` value: one letter when both agents share the level,
-    else ``client/responder`` (like the pairing label)."""
-    return client if client == responder else f"{client}/{responder}"
+def level_label(*levels: str) -> str:
+    """The ``dialogues.harness_level`` value: one letter when every agent has the same level,
+    else the levels joined by ``/`` in order (``client/responder`` like the pairing label; a
+    group dialogue's seats in turn order)."""
+    return levels[0] if len(set(levels)) == 1 else "/".join(levels)

@@ -33,7 +33,7 @@ from spasm.dataset.rows import TurnRow
 from spasm.errors import BackendError
 from spasm.harness.notes import HarnessNotes
 from spasm.harness.probe import fact_words, probe_question, probe_targets, recall
-from spasm.harness.profile import Profile, profile_of, resolve_policy
+from spasm.harness.profile import Presence, Profile, profile_of, resolve_policy
 from spasm.harness.runtime import HarnessedAgent
 from spasm.harness.verify import check_candidate, with_verdict
 from spasm.history import History, Speaker
@@ -65,11 +65,14 @@ class AuditResult:
 class Auditor:
     """Checks one agent's accepted replies in one dialogue (role ``audit``, no rewrite)."""
 
-    def __init__(self, agent: TurnAgent, config: RunConfig, persona: dict[str, Any]) -> None:
+    def __init__(
+        self, agent: TurnAgent, config: RunConfig, persona: dict[str, Any],
+        presence: Presence | None = None,
+    ) -> None:
         self.agent = agent
         self.config = config
         self.persona = persona
-        self.profile: Profile = profile_of(agent.speaker, agent.backend, config, persona)
+        self.profile: Profile = profile_of(agent.speaker, agent.backend, config, persona, presence)
         self.policy: CharacterPolicy | None = None
         self._pending_fallbacks = 0
 
@@ -110,9 +113,12 @@ class AuditedAgent:
     around another). The audit is a measurement: its verdict (and the state it annotates)
     replace nothing the agent decided, since audited levels have no checker of their own."""
 
-    def __init__(self, agent: TurnAgent, config: RunConfig, persona: dict[str, Any]) -> None:
+    def __init__(
+        self, agent: TurnAgent, config: RunConfig, persona: dict[str, Any],
+        presence: Presence | None = None,
+    ) -> None:
         self.agent = agent
-        self.auditor = Auditor(agent, config, persona)
+        self.auditor = Auditor(agent, config, persona, presence)
 
     @property
     def speaker(self) -> Speaker:
@@ -241,25 +247,27 @@ def _kept_persona(raw: str | None) -> list[PersonaProbe] | None:
 
 
 class PersonaProbes:
-    """A hook after the dialogue: the Client's persona probes, stored on its last turn beside
-    any recall probes, as ``{"probes": [...], "persona": [...]}``."""
+    """A hook after the dialogue: each client's persona probes, stored on its last turn beside
+    any recall probes, as ``{"probes": [...], "persona": [...]}`` (``personas``: the persona of
+    each client speaker, ``{"client": ...}`` in a two-party dialogue)."""
 
-    def __init__(self, config: RunConfig, persona: Mapping[str, Any]) -> None:
+    def __init__(self, config: RunConfig, personas: Mapping[Speaker, Mapping[str, Any]]) -> None:
         self.config = config
-        self.persona = persona
+        self.personas = personas
 
     async def after(
         self, agents: Sequence[TurnAgent], history: History, turns: list[TurnRow],
         session: DialogueSession,
     ) -> None:
-        """Ask the Client and store the answers on its last turn."""
+        """Ask each client and store the answers on its last turn."""
         for agent in agents:
-            if agent.speaker != "client":
+            persona = self.personas.get(agent.speaker)
+            if persona is None:
                 continue
             own = [t for t in turns if t.speaker == agent.speaker]
             if not own:
                 continue
-            asked = await persona_probes(agent, self.persona, history, session)
+            asked = await persona_probes(agent, persona, history, session)
             if asked:
                 own[-1].probe = dump_probes(load_probes(own[-1].probe), asked)
 

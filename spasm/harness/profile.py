@@ -3,7 +3,9 @@
 A :class:`Profile` is built in code from the speaker, the run config and the persona (no model
 call): the names and labels the harness prompts use and the backend of the harness's own calls.
 The harnessed agent and the audit both build one, so a measurement never reaches into the
-agent for them.
+agent for them. In a group dialogue a seat's :class:`Presence` (who else is there) goes in
+too: the speaker is then a participant id, its seat's role says whether it is a client, and
+every other participant is labelled by its id.
 """
 
 from __future__ import annotations
@@ -22,14 +24,31 @@ from spasm.harness.policy import (
     client_policy,
     parse_stored_policy,
 )
-from spasm.history import History, Speaker, Utterance
+from spasm.history import History, Role, Speaker, Utterance
 from spasm.seeds import derive_seed
 
 if TYPE_CHECKING:
     from spasm.config import RunConfig
     from spasm.session import DialogueSession
 
-__all__ = ["Profile", "profile_of", "resolve_policy"]
+__all__ = ["Presence", "Profile", "profile_of", "resolve_policy"]
+
+
+@dataclass(frozen=True)
+class Presence:
+    """One seat of a group dialogue as its harness sees the group (none in a two-party one)."""
+
+    #: The seat's role.
+    role: Role
+    #: Every participant in turn order: ``(id, role, responder role)``, as
+    #: :func:`spasm.agents.group_presence` takes them.
+    seats: tuple[tuple[str, str, str], ...]
+    #: The responder role the seat plays (a responder seat) or meets (a client seat).
+    responder_role: str
+    #: The seat's own instructions (``participants[].instructions``), if any.
+    instructions: str | None
+    #: The group dialogue's cap (``group.max_utterances``).
+    max_utterances: int
 
 
 @dataclass(frozen=True)
@@ -37,7 +56,13 @@ class Profile:
     """One agent's names and labels in one dialogue, and where its harness calls go."""
 
     speaker: Speaker
-    partner: Speaker
+    #: Whether the agent is a client (persona) or a responder: its speaker in a two-party
+    #: dialogue, its seat's role in a group.
+    seat: Role
+    #: Everyone else who speaks, and the speakers that are clients (the agent included if
+    #: it is one): ``("responder",)`` and ``("client",)`` for a two-party Client.
+    others: tuple[Speaker, ...]
+    clients: tuple[Speaker, ...]
     #: The Responder's role (``customer-service agent`` …), known to both sides.
     role: str
     #: How prompts about this agent name it (the persona's first name, or ``the <role>``).
@@ -48,11 +73,17 @@ class Profile:
     backend: str
     #: The dialogue's cap in utterances (the scene's beginning/middle/end).
     max_utterances: int
+    #: The group around the agent (``None`` in a two-party dialogue).
+    presence: Presence | None = None
 
     @property
     def checker_who(self) -> str:
         """Who wrote the message a checker reviews."""
-        if self.speaker == "client":
+        if self.presence is not None:
+            if self.seat == "client":
+                return f"{self.name}, one of the people in a group conversation with a {self.role}"
+            return f"{self.name}, a {self.role} leading a group conversation"
+        if self.seat == "client":
             return f"{self.name}, who is talking with a {self.role}"
         return f"a {self.role}"
 
@@ -61,17 +92,29 @@ class Profile:
         return "\n".join(f"{self.labels[u.speaker]}: {u.content}" for u in utterances)
 
     def last_partner(self, history: History) -> str | None:
-        """What the partner said last, if anything."""
+        """What another speaker (the partner, in a two-party dialogue) said last, if anything."""
         return next(
-            (u.content for u in reversed(history.utterances) if u.speaker == self.partner), None
+            (u.content for u in reversed(history.utterances) if u.speaker != self.speaker), None
         )
 
 
 def profile_of(
-    speaker: Speaker, backend: str, config: RunConfig, persona: Mapping[str, Any]
+    speaker: Speaker, backend: str, config: RunConfig, persona: Mapping[str, Any],
+    presence: Presence | None = None,
 ) -> Profile:
     """The profile of the agent ``speaker`` whose utterances ``backend`` writes (``persona``:
-    a :class:`~spasm.dataset.rows.Persona`; only its ``first_name`` is read, when present)."""
+    a :class:`~spasm.dataset.rows.Persona`; only its ``first_name`` is read, when present);
+    with ``presence``, of a group seat: named and labelling others by participant id."""
+    if presence is not None:
+        return Profile(
+            speaker=speaker, seat=presence.role,
+            others=tuple(pid for pid, _, _ in presence.seats if pid != speaker),
+            clients=tuple(pid for pid, role, _ in presence.seats if role == "client"),
+            role=presence.responder_role, name=speaker,
+            labels={pid: "You" if pid == speaker else pid for pid, _, _ in presence.seats},
+            backend=config.harness.backend or backend,
+            max_utterances=presence.max_utterances, presence=presence,
+        )
     role = config.dialogue.responder_role
     labels: dict[Speaker, str] = {
         "client": "The client" if speaker == "responder" else "You",
@@ -82,7 +125,9 @@ def profile_of(
     )
     return Profile(
         speaker=speaker,
-        partner="responder" if speaker == "client" else "client",
+        seat="client" if speaker == "client" else "responder",
+        others=("responder" if speaker == "client" else "client",),
+        clients=("client",),
         role=role,
         name=name,
         labels=labels,
@@ -101,7 +146,7 @@ async def resolve_policy(
     baseline derived in code. Only the dialogue that made the extraction counts its fallback.
     """
     hc = config.harness
-    if profile.speaker == "client":
+    if profile.seat == "client":
         stored = parse_stored_policy(persona)
         if stored is not None:
             return stored, 0
@@ -113,7 +158,11 @@ async def resolve_policy(
         )
         return policy, int(fell_back and extracted_now)
     instructions = config.dialogue.responder_instructions
-    key = ("responder", profile.role)
+    key: tuple[str, ...] = ("responder", profile.role)
+    if profile.presence is not None and profile.presence.instructions:
+        # A group seat with instructions of its own compiles its own policy.
+        instructions = profile.presence.instructions
+        key = (*key, instructions)
     baseline = baseline_responder_policy(profile.role, instructions)
     if not hc.extract_policy:
         return baseline, 0

@@ -26,7 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from spasm.agents import Draft, NextPrompt, PlainAgent, Turn, client_instructions
+from spasm.agents import (
+    Draft,
+    NextPrompt,
+    PlainAgent,
+    Turn,
+    client_instructions,
+    group_client_instructions,
+)
 from spasm.backends.base import Message
 from spasm.errors import BackendError
 from spasm.harness.checker import Verdict
@@ -45,7 +52,7 @@ from spasm.harness.context import (
 from spasm.harness.levels import Layers, layers
 from spasm.harness.notes import HarnessNotes
 from spasm.harness.policy import CharacterPolicy
-from spasm.harness.profile import profile_of, resolve_policy
+from spasm.harness.profile import Presence, profile_of, resolve_policy
 from spasm.harness.prompt import TurnBlock, orchestrate, stable_prompt, turn_block
 from spasm.harness.retrieval import (
     Example,
@@ -98,17 +105,22 @@ class _Prepared:
 
 
 class HarnessedAgent:
-    """A plain agent inside the layers of its level, for one dialogue (state never shared)."""
+    """A plain agent inside the layers of its level, for one dialogue (state never shared).
+
+    In a group dialogue ``presence`` is its seat's view of the group (``persona``: the seat's
+    own persona, empty for a responder seat)."""
 
     def __init__(
-        self, inner: PlainAgent, level: str, config: RunConfig, persona: dict[str, Any]
+        self, inner: PlainAgent, level: str, config: RunConfig, persona: dict[str, Any],
+        presence: Presence | None = None,
     ) -> None:
         self.inner = inner
         self.layers: Layers = layers(level)
         self.hc = config.harness
         self.config = config
         self.persona = persona
-        self.profile = profile_of(inner.speaker, inner.backend, config, persona)
+        self.profile = profile_of(inner.speaker, inner.backend, config, persona, presence)
+        client = self.profile.seat == "client"
         self.policy: CharacterPolicy | None = None
         #: The plain agent that writes this agent's drafts: ``inner`` in the orchestrated
         #: frame once the policy layer has compiled it (:meth:`setup`).
@@ -116,20 +128,20 @@ class HarnessedAgent:
         self.state: AgentState | None = None
         if self.layers.state:
             self.state = (
-                initial_client_state(persona) if self.speaker == "client"
+                initial_client_state(persona) if client
                 else initial_responder_state(self.profile.role)
             )
         # The Client knows what it came about; the Responder learns it from the conversation.
         self.context = StructuredContext(
-            topic=str(persona.get("domain") or "") if self.speaker == "client" else ""
+            topic=str(persona.get("domain") or "") if client else ""
         )
         self.intent: Intent | None = (
             classify_intent(f"{persona.get('motivation', '')} {persona.get('concern', '')}")
-            if self.speaker == "client" else None
+            if client else None
         )
         self.examples: list[Example] = []
         if self.layers.retrieval and self.hc.corpus:
-            self.examples = load_corpus(self.hc.corpus, self.speaker)
+            self.examples = load_corpus(self.hc.corpus, self.profile.seat)
         self.correction: str | None = None
         #: Level E with ``review: merged``: the checker's call updates the state after the
         #: draft, instead of a reducer call before it.
@@ -164,14 +176,20 @@ class HarnessedAgent:
             self.profile, self.persona, self.config, session
         )
         if self.layers.policy:
-            base = (
-                client_instructions(self.profile.role, self.persona.get("language"))
-                if self.speaker == "client"
-                else self.inner.system_prompt
-            )
             self.voice = self.inner.reframed(
-                stable_prompt(base, self.policy, never_n=self.hc.never_in_prompt)
+                stable_prompt(self._frame_without_card(), self.policy,
+                              never_n=self.hc.never_in_prompt)
             )
+
+    def _frame_without_card(self) -> str:
+        """What the policy's facts stand on: the Client's instructions without its card (a
+        client seat's group frame without it), the responder's whole frame."""
+        p = self.profile
+        if p.seat != "client":
+            return self.inner.system_prompt
+        if p.presence is None:
+            return client_instructions(p.role, self.persona.get("language"))
+        return group_client_instructions(p.speaker, p.presence.seats, p.presence.instructions)
 
     # -- one turn --------------------------------------------------------------------------
     async def turn(self, history: History, session: DialogueSession) -> Turn:
@@ -217,8 +235,9 @@ class HarnessedAgent:
         if not self.layers.window:
             return _Prepared()
         fallbacks = await self._fold_context(history, session, seed, meter)
+        clients = self.profile.clients
         last_client = next(
-            (u.content for u in reversed(history.utterances) if u.speaker == "client"), ""
+            (u.content for u in reversed(history.utterances) if u.speaker in clients), ""
         )
         previous = self.intent
         intent = classify_intent(last_client, previous)
@@ -361,8 +380,9 @@ class HarnessedAgent:
         if self.context.topic:
             scene.append(f"Topic so far: {self.context.topic}.")
         if self.context.partner_emotion:
-            scene.append(f"The other person seemed {self.context.partner_emotion}.")
-        scene.append(intent_guidance(self.speaker, intent, previous))
+            who = "The others" if len(self.profile.others) > 1 else "The other person"
+            scene.append(f"{who} seemed {self.context.partner_emotion}.")
+        scene.append(intent_guidance(self.profile.seat, intent, previous))
         open_q = still_open(self.context.unresolved_questions, history.utterances,
                             self.context.covered, self.speaker)
         if open_q:

@@ -65,7 +65,7 @@ async def check_candidate(
     else:
         items = salient_items(state, hc.state_items) if state else []
         msgs = checker_messages(policy, profile.checker_who, items, partner, text)
-    rules = rule_violations(text, profile.speaker, profile.role)
+    rules = rule_violations(text, profile.seat, profile.role)
     if rules:
         # A certain breach: fail it without paying for a model's opinion.
         return screened_verdict(rules)
