@@ -112,6 +112,8 @@ def test_one_participant_is_exported_from_its_own_frame_and_loads_in_datasets(
                              "speaker_names": ["prefix"], "silent_seats": 0}
     readme = (out / "README.md").read_text()
     assert "`Ana` (client)" in readme and "as a prefix of the content" in readme
+    # The card says what the split guarantees in a group run, and no more.
+    assert "first client seat's persona" in readme and "no persona appears in two" not in readme
 
 
 def test_role_client_exports_every_client_seat_of_every_dialogue(group_run: Path, tmp_path: Path) -> None:

@@ -108,7 +108,12 @@ def _statistics(s: CardStats) -> list[str]:
     lines += [f"Utterances per conversation: min {lengths.min}, median {_n(lengths.median)}, "
               f"mean {lengths.mean:.2f}, max {lengths.max}.", ""]
     if s.splits:
-        lines += ["### Splits", "", "Split by persona (seeded): no persona appears in two splits.", ""]
+        how = ("Split by persona (seeded): no persona appears in two splits." if s.group is None else
+               "Split by the first client seat's persona (seeded): that seat's persona never appears "
+               "in two splits, and every condition of a group stays in one split; the other client "
+               "seats are drawn from the same persona pool, so their personas can appear in more "
+               "than one split.")
+        lines += ["### Splits", "", how, ""]
         lines += _table(["split", "personas", "conversations", "examples"],
                         [(k, _n(v.personas), _n(v.conversations), _n(v.examples))
                          for k, v in s.splits.items()])
