@@ -541,8 +541,7 @@ class RunConfig(_Strict):
         if h.recall_probe:
             raise ValueError("recall probes ask about one partner: they are for two-party "
                              "dialogues; remove harness.recall_probe from this group run")
-        if self.scenarios is not None:
-            raise ValueError("scenarios are for two-party dialogues; a group run has none yet")
+        # scenarios: crossed with every group dialogue (runplan.plan_groups).
         return self
 
     @property

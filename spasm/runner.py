@@ -158,7 +158,15 @@ def goal_detector(spec: DialogueSpec, config: RunConfig, caller: Caller) -> Goal
         return None
     return GoalDetector(caller, sj.backend or spec.pairing.client, spec.scenario.goal,
                         spec.scenario.expected_outcome, temperature=sj.temperature,
-                        max_tokens=sj.max_tokens, seed=spec.seed)
+                        max_tokens=sj.max_tokens, seed=spec.seed, seats=judge_seats(spec))
+
+
+def judge_seats(spec: DialogueSpec) -> tuple[tuple[str, str], ...] | None:
+    """A group dialogue's ``(participant id, role)`` seats, for the goal judge's transcript
+    (``None`` for a two-party dialogue: its judge reads Client and Responder as before)."""
+    if not isinstance(spec, GroupSpec):
+        return None
+    return tuple((s.participant.id, s.participant.role) for s in spec.seats)
 
 
 async def goal_verdict(
@@ -175,7 +183,19 @@ async def goal_verdict(
     return await judge_goal(
         caller, sj.backend or spec.pairing.client, convo.history, spec.scenario.goal,
         spec.scenario.expected_outcome, session.scope, temperature=sj.temperature,
-        max_tokens=sj.max_tokens, seed=spec.seed,
+        max_tokens=sj.max_tokens, seed=spec.seed, seats=judge_seats(spec),
+    )
+
+
+def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None) -> DialogueRow:
+    """The dialogue's row with its scenario and the goal judge's verdict (a run with
+    scenarios), else the row as it is."""
+    if spec.scenario is None:
+        return row
+    return ScenarioDialogueRow(
+        **row.as_record(), scenario_id=spec.scenario.id,
+        goal_met=None if verdict is None else verdict.goal_met,
+        goal_reason=None if verdict is None else verdict.reason,
     )
 
 
@@ -216,13 +236,8 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
         result.error = _error_row(spec, convo, exc)
         return result
     result.turns = convo.turns
-    result.dialogue = _dialogue_row(spec, config, agents, convo, session.scope.records)
-    if spec.scenario is not None:
-        result.dialogue = ScenarioDialogueRow(
-            **result.dialogue.as_record(), scenario_id=spec.scenario.id,
-            goal_met=None if verdict is None else verdict.goal_met,
-            goal_reason=None if verdict is None else verdict.reason,
-        )
+    result.dialogue = with_goal(_dialogue_row(spec, config, agents, convo, session.scope.records),
+                                spec, verdict)
     return result
 
 
@@ -316,11 +331,14 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
         temps = config.backends[p.backend].temperatures
         if p.role == "client":
             assert seat.persona is not None
-            prompt = group_client_system_prompt(seat.persona["card"], p.id, present, p.instructions)
+            card = client_card(seat.persona["card"], spec.scenario)  # + situation and goal
+            prompt = group_client_system_prompt(card, p.id, present, p.instructions)
             temperature = temps.client
         else:
+            instructions = responder_context(p.instructions or d.responder_instructions,
+                                             spec.scenario)  # + the scenario's context
             prompt = group_responder_system_prompt(p.responder_role or d.responder_role, p.id,
-                                                   present, p.instructions or d.responder_instructions)
+                                                   present, instructions)
             temperature = temps.responder
         viewer = group_viewer(p.id, prompt, ids, responder_role=group_role(spec, config),
                               speaker_names=seat_speaker_names(config, p))
@@ -380,6 +398,9 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
     setup = group_order_setup(spec, config)
     order = make_next_speaker(config.group.next_speaker, setup)
     chain = build_chain(config, caller, spec, participants=tuple(s.id for s in setup.seats))
+    goal = goal_detector(spec, config, caller)
+    if goal is not None:
+        chain.detectors.append(goal)
     convo = await simulate_group(
         spec.dialogue_id, agents, setup.seats, order, chain, session,
         opener=config.group.opener or setup.seats[0].id,
@@ -391,12 +412,20 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
     if convo.error is not None:
         result.error = _error_row(spec, convo, convo.error)
         return result
+    try:  # a run with scenarios: one goal_judge call over the whole group transcript
+        verdict = await goal_verdict(spec, config, caller, convo, session, goal)
+    except BudgetExceededError:
+        raise
+    except RunError as exc:  # the judge's backend failed its retries: quarantined like a turn
+        result.error = _error_row(spec, convo, exc)
+        return result
     result.turns = convo.turns
     client = next(a for a, s in zip(agents, spec.seats, strict=True) if s.participant.role == "client")
     helper = next(a for a, s in zip(agents, spec.seats, strict=True)
                   if s.participant.role == "responder")
     row = _dialogue_row(spec, config, (client, helper), convo, session.scope.records)
-    result.dialogue = DialogueRow(**{**row.as_record(), "responder_role": group_role(spec, config)})
+    result.dialogue = with_goal(
+        DialogueRow(**{**row.as_record(), "responder_role": group_role(spec, config)}), spec, verdict)
     result.participants = [
         ParticipantRow(
             dialogue_id=spec.dialogue_id, position=i, participant_id=s.participant.id,

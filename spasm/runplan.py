@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from spasm.backends import Backend, make_backend
 from spasm.config import PairingConfig, RunConfig
-from spasm.errors import RunError, UserError
+from spasm.errors import ConfigError, RunError, UserError
 from spasm.runner import DialogueSpec, GroupSeat, GroupSpec
 from spasm.scenarios import Scenario, persona_scenarios, run_scenarios
 from spasm.seeds import derive_seed
@@ -128,10 +128,14 @@ def plan(
 
 
 
-def group_dialogue_id(index: int, condition: str) -> str:
-    """A group dialogue's id: ``g<index>-<condition>`` (unique by construction: the index is
-    the dialogue's place in the plan, the condition escaped like every id part)."""
-    return f"g{index:04d}-{id_part(condition)}"
+def group_dialogue_id(index: int, condition: str, scenario: str | None = None) -> str:
+    """A group dialogue's id: ``g<index>-<condition>``; in a run with scenarios
+    ``g<index>-s<scenario>-<condition>`` (as :func:`dialogue_id` puts ``-s<scenario>`` after
+    the conversation). Unique by construction: the index is the dialogue's place in the plan,
+    the scenario and the condition escaped like every id part. Without scenarios ids are
+    byte-identical to before."""
+    sid = "" if scenario is None else f"-s{id_part(scenario)}"
+    return f"g{index:04d}{sid}-{id_part(condition)}"
 
 
 def plan_groups(
@@ -142,9 +146,25 @@ def plan_groups(
     Each dialogue's client seats are filled by a seeded draw of distinct personas (never the
     same persona twice in one dialogue). A shard takes every N-th group dialogue (group ``g``
     belongs to shard ``g % N``): every shard draws the whole persona set, so the draws, seeds
-    and ids are the unsharded run's."""
+    and ids are the unsharded run's.
+
+    A run with scenarios crosses every group dialogue with every scenario: group ``g`` keeps
+    its draw (the same people meet every scenario, paired across scenarios and conditions) and
+    each scenario adds its id to the dialogue's seed, as :func:`plan` does; a shard holds
+    every scenario of its groups. A persona's own ``scenario`` (1:1, personas from data) has
+    no seat to take in a group run: a :class:`~spasm.errors.ConfigError` says so."""
     assert config.participants is not None
     seats = config.participants
+    scenarios = run_scenarios(config)
+    if scenarios is not None:
+        own = next((p for p in personas if p.get("scenario") not in (None, "")), None)
+        if own is not None:
+            raise ConfigError(
+                f"persona {own.get('persona_id')!r} names its own scenario "
+                f"({own.get('scenario')!r}), but a group run crosses every group dialogue with "
+                "every scenario (its seats are drawn from all personas): drop the personas' "
+                "scenario column, or run those personas in a two-party run (pairings:), where "
+                "a persona's scenario runs 1:1.")
     clients = sum(1 for s in seats if s.role == "client")
     if len(personas) < clients:
         raise UserError(f"a group dialogue has {clients} client seats but the run has "
@@ -160,9 +180,13 @@ def plan_groups(
         drawn = iter(random.Random(seed).sample(personas, clients))
         filled = tuple(GroupSeat(s, next(drawn) if s.role == "client" else None) for s in seats)
         persona = next(f.persona for f in filled if f.persona is not None)
-        for condition in config.conditions:
-            yield GroupSpec(group_dialogue_id(g, condition), persona, g, condition, pairing,
-                            seed, seats=filled)
+        for scenario in [None] if scenarios is None else scenarios:
+            did_seed = seed if scenario is None else derive_seed(config.seed, "group", g,
+                                                                 scenario.id)
+            sid = None if scenario is None else scenario.id
+            for condition in config.conditions:
+                yield GroupSpec(group_dialogue_id(g, condition, sid), persona, g, condition,
+                                pairing, did_seed, scenario=scenario, seats=filled)
 
 
 def make_backends(config: RunConfig) -> dict[str, Backend]:
