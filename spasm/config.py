@@ -361,6 +361,9 @@ class HarnessConfig(_Strict):
 
 #: A participant's id: a short name, as it stands in transcripts ("Ana: …") and dialogue ids.
 PARTICIPANT_ID = r"^[A-Za-z][A-Za-z0-9_]{0,23}$"
+#: Ids a participant cannot have (any case): the roles ``--role`` names, the chat roles a reply
+#: prefix is cleaned of, and what a harnessed seat calls itself.
+RESERVED_PARTICIPANT_IDS = frozenset({"client", "responder", "both", "user", "assistant", "system", "you"})
 
 
 class ParticipantConfig(_Strict):
@@ -521,6 +524,10 @@ class RunConfig(_Strict):
         if "client" not in roles or "responder" not in roles:
             raise ValueError(f"{where}: at least one client seat and one responder seat are needed")
         ids = [s.id.lower() for s in seats]
+        taken = sorted(s.id for s in seats if s.id.lower() in RESERVED_PARTICIPANT_IDS)
+        if taken:
+            raise ValueError(f"{where}: {taken} would read as a role or a chat label in transcripts "
+                             "and in `spasm export --role`; give the participant a name")
         if len(set(ids)) != len(ids):
             dup = sorted({i for i in ids if ids.count(i) > 1})
             raise ValueError(f"{where}: ids repeat (ignoring case): {dup}")

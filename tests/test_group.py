@@ -190,6 +190,8 @@ def _group_data(base_url: str, **group: Any) -> dict[str, Any]:
      "one responder seat"),
     (lambda d: d["participants"][1].update(id="ana"), "ids repeat"),
     (lambda d: d["participants"][1].update(id="Ben Smith"), "participants"),
+    (lambda d: d["participants"][3].update(id="Responder"), r"\['Responder'\] would read as a role"),
+    (lambda d: d["participants"][0].update(id="you"), "would read as a role or a chat label"),
     (lambda d: d["participants"][1].update(backend="nope"), "names backend 'nope'"),
     (lambda d: d["group"].update(opener="Zoe"), "group.opener 'Zoe'"),
     (lambda d: d["group"].update(next_speaker="loudest"), "unknown next-speaker policy"),
