@@ -21,6 +21,11 @@ diagnostics. Each is computed on the Client's utterances of one dialogue, offlin
 
 The marker lists are English regular expressions, matched case-insensitively after
 typographic apostrophes are normalised; they are screening signals, not classifiers.
+
+A group dialogue has several client seats (:func:`seat_diagnostics`): politeness and
+frustration are shares of all their turns together; front-loading and verbosity CV describe
+one speaker's sequence of turns, so each seat gets its own and the dialogue the mean over the
+seats where it is defined.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ __all__ = [
     "front_loading",
     "frustration_fraction",
     "politeness_fraction",
+    "seat_diagnostics",
     "verbosity_cv",
 ]
 
@@ -126,4 +132,25 @@ def client_diagnostics(
         "politeness": politeness_fraction(client_turns),
         "verbosity_cv": _verbosity_cv(tok),
         "frustration": frustration_fraction(client_turns),
+    }
+
+
+def _seat_mean(values: Sequence[float | None]) -> float | None:
+    defined = [v for v in values if v is not None]
+    return sum(defined) / len(defined) if defined else None
+
+
+def seat_diagnostics(
+    seats: Sequence[tuple[Sequence[str], Sequence[Sequence[str]]]],
+) -> dict[str, float | None]:
+    """The four diagnostics of a group dialogue's client side, from each client seat's turns
+    and their :func:`~spasm.evaluation.lexical.word_tokens`: politeness and frustration over
+    every seat's turns pooled; front-loading and verbosity CV per seat, averaged over the seats
+    where they are defined (``None`` when no seat defines them)."""
+    turns = [t for texts, _ in seats for t in texts]
+    return {
+        "front_loading": _seat_mean([_front_loading(tok) for _, tok in seats]),
+        "politeness": politeness_fraction(turns),
+        "verbosity_cv": _seat_mean([_verbosity_cv(tok) for _, tok in seats]),
+        "frustration": frustration_fraction(turns),
     }

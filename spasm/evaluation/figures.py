@@ -27,7 +27,9 @@ class ReportFigure(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$", description="fixed name: drift, map, acc, echo")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$",
+                      description="fixed name: drift, map, acc, echo, onset, forest, and group_rates, "
+                                  "group_echo_pairs, group_drift in a run with group dialogues")
     caption: str
     png_base64: str = Field(pattern=r"^[A-Za-z0-9+/]*={0,2}$", description="the PNG, base64")
 

@@ -29,7 +29,9 @@ speaker-selection loops (:func:`longest_alternation`)
 
 :func:`group_stage` runs them on every group dialogue of a run (a run with a ``participants``
 table, read through :func:`spasm.dataset.open_run`) and returns the per-dialogue columns, one
-row per participant, and the aggregates by condition with 95% intervals.
+row per participant, one row per ordered pair (the pairwise echo), and the aggregates by
+condition with 95% intervals. The two-party drift, echoing and separability leave group
+dialogues out (:func:`two_party_note` says so in metrics.json and the report).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from spasm.evaluation.echoing import (
     quote,
 )
 from spasm.evaluation.embeddings import FloatArray
-from spasm.evaluation.loader import Conversation
+from spasm.evaluation.loader import Conversation, seat_role
 from spasm.evaluation.metrics import (
     GroupExample,
     GroupMetrics,
@@ -84,6 +86,7 @@ __all__ = [
     "pair_echoing",
     "seat_drift",
     "silences",
+    "two_party_note",
 ]
 
 #: A pair (i, j) relays j's lines when an utterance of i copies this share of its content
@@ -437,7 +440,7 @@ def load_group_dialogues(run_dir: str | Path | Run,
             continue
         position = pd.to_numeric(pd.Series([r.get("position")]), errors="coerce").iloc[0]
         persona = _text(r.get("persona_id"))
-        role = (_text(r.get("role")) or ("client" if persona else "responder")).lower()
+        role = seat_role(r.get("role"), persona)
         seats[did].append(Participant(pid, int(position) if pd.notna(position) else n, role, persona,
                                       _text(r.get("backend")), _text(r.get("model")), _text(r.get("level"))))
     turns = run.df("turns", ["dialogue_id", "turn_index", "speaker", "text"])
@@ -464,6 +467,11 @@ def load_group_dialogues(run_dir: str | Path | Run,
 # --------------------------------------------------------------------------- the stage
 
 
+#: The columns of ``per_pair.parquet`` (:attr:`GroupResult.per_pair`).
+PAIR_COLUMNS: tuple[str, ...] = ("dialogue_id", "condition", "pairing", "participant_id", "source_id",
+                                 "score", "relays", "turn_index")
+
+
 @dataclass
 class GroupResult:
     """What :func:`group_stage` computes: the aggregates, and the rows behind them."""
@@ -471,6 +479,9 @@ class GroupResult:
     metrics: GroupMetrics
     per_dialogue: pd.DataFrame  # indexed by dialogue_id; the group_* columns
     per_participant: pd.DataFrame  # one row per (dialogue, participant)
+    #: One row per (dialogue, ordered pair of participants): how much ``participant_id``
+    #: copies ``source_id`` (:func:`pair_echoing`'s score, whether it relays, the utterance).
+    per_pair: pd.DataFrame
 
 
 DEFINITIONS: dict[str, str] = {
@@ -499,7 +510,8 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _dialogue_row(d: GroupDialogue, drift: Mapping[tuple[str, str], Mapping[str, float]]
-                  ) -> tuple[dict[str, object], list[dict[str, object]], list[GroupExample]]:
+                  ) -> tuple[dict[str, object], list[dict[str, object]], list[GroupExample],
+                             list[dict[str, object]]]:
     n = len(d.texts)
     ids = list(dict.fromkeys([*d.ids, *d.speakers]))
     hits = dialogue_impersonations(d)
@@ -575,7 +587,13 @@ def _dialogue_row(d: GroupDialogue, drift: Mapping[tuple[str, str], Mapping[str,
                                      turn_index=loop.start, participant=loop.pair[0],
                                      other=loop.pair[1], evidence=f"{loop.length} utterances",
                                      score=float(loop.length)))
-    return row, people, examples
+    pair_rows: list[dict[str, object]] = [
+        {"dialogue_id": d.dialogue_id, "condition": d.condition, "pairing": d.pairing,
+         "participant_id": p.speaker, "source_id": p.source, "score": p.score, "relays": p.relays,
+         "turn_index": p.index}
+        for p in pairs.values()
+    ]
+    return row, people, examples, pair_rows
 
 
 _RATE_COLUMNS = {"impersonation": "group_impersonation", "echo": "group_echo",
@@ -653,12 +671,13 @@ def group_stage(
     if dialogues is None:
         return None
     drift = seat_drift(dialogues, personas, embed)
-    rows, people, examples = {}, [], []
+    rows, people, examples, pair_rows = {}, [], [], []
     for d in dialogues:
-        row, seat_rows, found = _dialogue_row(d, drift)
+        row, seat_rows, found, pair_found = _dialogue_row(d, drift)
         rows[d.dialogue_id] = {"condition": d.condition, **row}
         people += seat_rows
         examples += found
+        pair_rows += pair_found
     frame = pd.DataFrame.from_dict(rows, orient="index")
     columns = ["dialogue_id", "condition", "pairing", "participant_id", "position", "role", "persona_id",
                "n_utterances", "impersonations", "impersonation_share", "impersonated", "echo_max",
@@ -671,4 +690,24 @@ def group_stage(
         dialogues=0, participants_max=0, echo_threshold=ECHO_THRESHOLD, loop_min=LOOP_MIN,
         definitions=DEFINITIONS, rates=[], stats=[], by_participant=[], examples=[],
         notes=["The run has a participants table but none of its ok dialogues has participants."])
-    return GroupResult(metrics, frame.drop(columns=["condition"]), seats)
+    if dialogues:
+        metrics.notes.append(two_party_note(len(dialogues), len(conversations) - len(dialogues)))
+    pair_frame = pd.DataFrame(pair_rows, columns=list(PAIR_COLUMNS))
+    pair_frame["score"] = pair_frame["score"].astype(float)
+    pair_frame["relays"] = pair_frame["relays"].astype(bool)
+    pair_frame["turn_index"] = pair_frame["turn_index"].astype("Int64")
+    return GroupResult(metrics, frame.drop(columns=["condition"]), seats, pair_frame)
+
+
+def two_party_note(n_group: int, n_two_party: int) -> str:
+    """What the two-party metrics say about a run's group dialogues (metrics.json and the report)."""
+    rest = (f"they cover the run's {n_two_party} two-party dialogue(s) only" if n_two_party
+            else "they are empty for this run")
+    return (
+        f"Drift, echoing and persona separability compare one Client with one Responder, so the "
+        f"{n_group} group dialogue(s) are left out of them ({rest}) and measured by the group metrics "
+        "instead (metrics.group): drift per client seat (group_drift_*), echoing per ordered pair of "
+        "participants (group_echo*, per_pair.parquet); persona separability has no group form yet. "
+        "Realism and language compliance count every client seat as the client side and every "
+        "responder seat as the responder side (turns.role)."
+    )

@@ -12,6 +12,11 @@ The expected language is the persona's ``language`` field when the personas tabl
 (an ISO 639-1 code such as ``en``, a tag such as ``en-GB``, or an English name such as
 ``Spanish``), else English. Per dialogue and side: ``language_compliance_<side>`` = share of
 the classified utterances that are not flagged, ``off_language_<side>`` = how many are.
+
+In a group dialogue the sides are roles (``turns.role``): every client seat's utterances are
+the client side, each checked against its own seat's persona, and every responder seat's the
+responder side, checked against the dialogue's persona (``dialogues.persona_id``) as in a
+two-party dialogue; a flag names the participant.
 """
 
 from __future__ import annotations
@@ -61,23 +66,35 @@ def language_scan(
     n_flagged = 0
     for conv in conversations:
         expected = expected_language(personas.get(conv.persona_id))
+        seat_personas = conv.seat_personas or (None,) * len(conv.texts)
         sides = {side: _Side() for side in SIDES}
-        for index, (speaker, text) in enumerate(zip(conv.speakers, conv.texts, strict=True)):
-            if speaker not in sides:
+        for index, (speaker, side, seat_persona, text) in enumerate(
+            zip(conv.speakers, conv.sides, seat_personas, conv.texts, strict=True)
+        ):
+            if side not in sides:
                 continue
             lang, prob = detect(text)
             if lang is None:
                 continue
-            sides[speaker].classified += 1
-            if is_off_language(lang, prob, expected):
-                sides[speaker].flagged += 1
+            # A client seat of a group dialogue speaks its own persona's language.
+            wanted = (
+                expected_language(personas.get(seat_persona))
+                if side == "client" and seat_persona is not None
+                else expected
+            )
+            sides[side].classified += 1
+            if is_off_language(lang, prob, wanted):
+                sides[side].flagged += 1
                 n_flagged += 1
                 flags.append(
                     LanguageFlag(
                         dialogue_id=conv.dialogue_id, turn_index=index, speaker=speaker,
-                        expected=expected, detected=lang, probability=round(prob, 4), text=quote(text),
+                        expected=wanted, detected=lang, probability=round(prob, 4), text=quote(text),
                     )
                 )
+        if conv.is_group:  # every language one of its seats is expected to speak, "+"-joined
+            seats = {p for p, side in zip(seat_personas, conv.sides, strict=True) if p and side == "client"}
+            expected = "+".join(sorted({expected, *(expected_language(personas.get(p)) for p in seats)}))
         row: dict[str, object] = {"language_expected": expected}
         for side, s in sides.items():
             row[f"language_compliance_{side}"] = 1 - s.flagged / s.classified if s.classified else None
@@ -89,7 +106,8 @@ def language_scan(
             identifier="py3langid",
             min_letters=MIN_LETTERS,
             min_confidence=MIN_CONFIDENCE,
-            expected=sorted({str(r["language_expected"]) for r in per_dialogue.values()}),
+            expected=sorted({code for r in per_dialogue.values()
+                             for code in str(r["language_expected"]).split("+")}),
             n_flagged=n_flagged,
             stats=_stats(conversations, per_dialogue),
             flagged=flags[:EXAMPLES],

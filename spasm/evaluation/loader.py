@@ -3,19 +3,26 @@
 Only dialogues with ``status == "ok"`` are evaluated; extra columns are ignored, missing
 optional ones are filled, and a missing required table or column is a :class:`UserError`
 that says what to do.
+
+A group dialogue (a dialogue with rows in a group run's ``participants`` table) keeps its
+speakers as participant ids and also carries each utterance's side (``turns.role``, else its
+seat's role) and its seat's persona, so the per-side metrics can count every client seat as
+the client side (docs/evaluation.md, "Group dialogues").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from spasm.dataset.reader import Run, open_run
 from spasm.errors import UserError
 
-__all__ = ["Conversation", "RunData", "load_run"]
+__all__ = ["Conversation", "RunData", "load_run", "seat_role"]
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "dialogues": ("dialogue_id", "persona_id"),
@@ -50,6 +57,22 @@ class Conversation:
     #: A run with scenarios: the dialogue's scenario and the goal judge's decision.
     scenario_id: str | None = None
     goal_met: bool | None = None
+    #: A group dialogue: each utterance's side (``client`` or ``responder``, from ``turns.role``
+    #: or its seat's role; ``speakers`` then holds participant ids). ``None``: a two-party
+    #: dialogue, whose speakers are its sides.
+    roles: tuple[str, ...] | None = None
+    #: A group dialogue: the persona id of each utterance's seat (``None``: a seat without one).
+    seat_personas: tuple[str | None, ...] | None = None
+
+    @property
+    def is_group(self) -> bool:
+        """Whether this is a group dialogue (it has participants)."""
+        return self.roles is not None
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        """Each utterance's side: its role in a group dialogue, else its speaker."""
+        return self.speakers if self.roles is None else self.roles
 
     def side(self, speaker: str) -> list[str]:
         """The utterances of one speaker, in order."""
@@ -71,6 +94,53 @@ class RunData:
         """Persona fields by persona id."""
         records = self.personas.drop_duplicates("persona_id").to_dict("records")
         return {str(r["persona_id"]): {str(k): v for k, v in r.items()} for r in records}
+
+
+def _clean(value: object) -> str | None:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    text = str(value).strip()
+    return text or None
+
+
+def seat_role(role: object, persona_id: str | None) -> str:
+    """A seat's side: its stored role, else ``client`` when it holds a persona, else ``responder``."""
+    return (_clean(role) or ("client" if persona_id else "responder")).lower()
+
+
+#: A dialogue's seats: participant id (lower case, as speakers are read) -> (id as stored, role, persona).
+_Seats = dict[str, tuple[str, str, str | None]]
+
+
+def _seats(run: Run, wanted: set[str]) -> dict[str, _Seats]:
+    """The seats of every group dialogue among ``wanted`` (none for a two-party run, or a
+    participants table without ids: the group stage reports that one)."""
+    if not run.has("participants"):
+        return {}
+    stored = run.stored_columns("participants")
+    if not {"dialogue_id", "participant_id"} <= set(stored):
+        return {}
+    columns: list[str] = [c for c in ("dialogue_id", "participant_id", "role", "persona_id") if c in stored]
+    out: dict[str, _Seats] = {}
+    for r in run.df("participants", columns).to_dict("records"):
+        did, pid = _clean(r.get("dialogue_id")), _clean(r.get("participant_id"))
+        if did is None or pid is None or did not in wanted:
+            continue
+        persona = _clean(r.get("persona_id"))
+        out.setdefault(did, {})[pid.lower()] = (pid, seat_role(r.get("role"), persona), persona)
+    return out
+
+
+def _group_fields(group: pd.DataFrame, seats: _Seats) -> dict[str, tuple[Any, ...]]:
+    """A group dialogue's speakers (participant ids as stored), roles and seat personas."""
+    stored = group["role"].tolist() if "role" in group.columns else [None] * len(group)
+    speakers, roles, personas = [], [], []
+    for speaker, role in zip(group["speaker"].tolist(), stored, strict=True):
+        pid, seat_side, persona = seats.get(speaker, (speaker, "", None))
+        speakers.append(pid)
+        roles.append((_clean(role) or seat_side).lower())
+        personas.append(persona)
+    return {"speakers": tuple(speakers), "roles": tuple(roles), "seat_personas": tuple(personas)}
 
 
 def _read_table(run: Run, name: str) -> pd.DataFrame:
@@ -133,11 +203,14 @@ def load_run(run_dir: str | Path) -> RunData:
 
     data = RunData(run_dir, personas, dialogues, turns, n_total)
     by_dialogue = {str(k): g for k, g in turns.groupby("dialogue_id", sort=False)}
+    seats = _seats(run, set(dialogues["dialogue_id"]))
     conversations: list[Conversation] = []
     for row in dialogues.to_dict("records"):
         group = by_dialogue.get(str(row["dialogue_id"]))
         if group is None or group.empty:
             continue
+        members = seats.get(str(row["dialogue_id"]))
+        fields = _group_fields(group, members) if members else {"speakers": tuple(group["speaker"].tolist())}
         conversations.append(
             Conversation(
                 dialogue_id=str(row["dialogue_id"]),
@@ -146,11 +219,11 @@ def load_run(run_dir: str | Path) -> RunData:
                 condition=str(row["condition"]),
                 pairing=str(row["pairing"]),
                 harness_level=str(row["harness_level"]),
-                speakers=tuple(group["speaker"].tolist()),
                 texts=tuple(group["text"].tolist()),
                 seed=None if pd.isna(row.get("seed")) else int(row["seed"]),
                 scenario_id=None if pd.isna(row.get("scenario_id")) else str(row["scenario_id"]),
                 goal_met=None if pd.isna(row.get("goal_met")) else bool(row["goal_met"]),
+                **fields,
             )
         )
     data.conversations = conversations

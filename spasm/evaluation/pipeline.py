@@ -54,7 +54,7 @@ from spasm.evaluation.embeddings import (
 )
 from spasm.evaluation.figures import write_figures
 from spasm.evaluation.goals import goal_metrics
-from spasm.evaluation.group import GroupResult, group_stage
+from spasm.evaluation.group import GroupResult, group_stage, two_party_note
 from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
 from spasm.evaluation.language import language_scan
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
@@ -70,7 +70,7 @@ from spasm.evaluation.metrics import (
 )
 from spasm.evaluation.onset import onset_curves, onset_turn, turn_scores
 from spasm.evaluation.realism import realism_frame, realism_metrics, reference_from, z_scores
-from spasm.evaluation.report import report_figures, write_report
+from spasm.evaluation.report import GroupFrames, report_figures, write_report
 from spasm.evaluation.separability import Retrieval, separability_scores
 from spasm.evaluation.summary import (
     echo_examples,
@@ -88,6 +88,8 @@ METRICS_FILE = "metrics.json"
 PER_DIALOGUE_FILE = "per_dialogue.parquet"
 #: Group runs only: one row per (dialogue, participant) of the group detectors.
 PER_PARTICIPANT_FILE = "per_participant.parquet"
+#: Group runs only: one row per (dialogue, ordered pair of participants) of pairwise echoing.
+PER_PAIR_FILE = "per_pair.parquet"
 COMPARE_FILE = "compare.json"
 REPORT_FILE = "report.html"
 CACHE_DIRNAME = "embeddings-cache"
@@ -204,7 +206,7 @@ def evaluate(
             _check_baseline(data, baseline)
         timings["load"] = time.perf_counter() - t_start
         with llm_cm as llm:  # on exit, the LLM calls are appended to the run's call log
-            metrics, per_dialogue, per_participant = _evaluate(
+            metrics, per_dialogue, group = _evaluate(
                 data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
                 retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
                 show=show, timings=timings, reference=reference, consistency=consistency,
@@ -221,15 +223,18 @@ def evaluate(
             atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
             atomic_write_table(out / PER_DIALOGUE_FILE,
                                pa.Table.from_pandas(per_dialogue, preserve_index=False))
-            if per_participant is not None:
-                atomic_write_table(out / PER_PARTICIPANT_FILE,
-                                   pa.Table.from_pandas(per_participant, preserve_index=False))
-            else:  # a stale file of an earlier evaluation must not describe this run
-                (out / PER_PARTICIPANT_FILE).unlink(missing_ok=True)
+            group_tables = {PER_PARTICIPANT_FILE: group.per_participant if group else None,
+                            PER_PAIR_FILE: group.per_pair if group else None}
+            for name, table in group_tables.items():
+                if table is not None:
+                    atomic_write_table(out / name, pa.Table.from_pandas(table, preserve_index=False))
+                else:  # a stale file of an earlier evaluation must not describe this run
+                    (out / name).unlink(missing_ok=True)
             write_comparison(comparison, out / COMPARE_FILE)
-            figures = report_figures(metrics, per_dialogue, comparison)
+            frames = None if group is None else GroupFrames(group.per_participant, group.per_pair)
+            figures = report_figures(metrics, per_dialogue, comparison, frames)
             write_figures(out, figures)  # the same figures as data, for the viewer
-            write_report(metrics, per_dialogue, out / REPORT_FILE, figures, comparison)
+            write_report(metrics, per_dialogue, out / REPORT_FILE, figures, comparison, frames)
             metrics.timings["report"] = round(time.perf_counter() - t0, 3)
             atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
     return metrics
@@ -286,10 +291,13 @@ def _evaluate(
     reference: str | Path | None = None,
     consistency: bool = False,
     ensemble: bool = False,
-) -> tuple[Metrics, pd.DataFrame, pd.DataFrame | None]:
-    """The stages, timed; see :func:`evaluate`. The third value: the group detectors' rows
-    per participant (group runs only)."""
+) -> tuple[Metrics, pd.DataFrame, GroupResult | None]:
+    """The stages, timed; see :func:`evaluate`. The third value: the group detectors' result
+    (group runs only)."""
     convs = data.conversations
+    # Drift, echoing and separability are two-party measures; group dialogues get the group
+    # stage's per-seat and per-pair forms instead (docs/evaluation.md, "Group dialogues").
+    two_party = [c for c in convs if not c.is_group]
     inner = (
         create_embedder(embedder, **dict(embedder_options or {})) if isinstance(embedder, str) else embedder
     )
@@ -309,12 +317,15 @@ def _evaluate(
 
     t0 = time.perf_counter()
     personas = data.persona_rows()
-    drift, means = _drift(convs, vectors, personas, embed, mode, llm, concurrency, show)
+    drift, means = _drift(two_party, vectors, personas, embed, mode, llm, concurrency, show)
+    if len(two_party) < len(convs):
+        drift.notes = [*(drift.notes if two_party else []),
+                       two_party_note(len(convs) - len(two_party), len(two_party))]
     timings["drift"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     echoing, verdicts, echo_by_judge = _echoing(
-        data.run_dir, convs, vectors, echo_threshold, llm if judge else None, concurrency, show
+        data.run_dir, two_party, vectors, echo_threshold, llm if judge else None, concurrency, show
     )
     timings["echoing"] = time.perf_counter() - t0
 
@@ -357,7 +368,7 @@ def _evaluate(
         dialogues_total=data.n_dialogues_total,
         dialogues_ok=len(convs),
         utterances=vectors.n_texts,
-        client_turns=sum(len(v) for v in vectors.client.values()),
+        client_turns=sum(c.sides.count("client") for c in convs),
         texts_embedded=cached.computed,
         texts_cached=cached.hits,
     )
@@ -385,7 +396,7 @@ def _evaluate(
         return metrics, frame, None
     # Group runs: the group_* columns (and persona_set, the pairing key of group twins).
     frame = frame.join(group.per_dialogue, on="dialogue_id")
-    return metrics, frame, group.per_participant
+    return metrics, frame, group
 
 
 def _embed_utterances(convs: list[Conversation], embed: Embed) -> _Vectors:
@@ -535,7 +546,7 @@ def _separability(
     card_vecs, card_note = _card_vectors(data, personas, embed, retrieval)
     groups: dict[tuple[str, str], list[Conversation]] = defaultdict(list)
     for c in data.conversations:
-        if c.dialogue_id in conv_vec:
+        if c.dialogue_id in conv_vec and not c.is_group:
             groups[(c.pairing, c.condition)].append(c)
     out: list[SeparabilityGroup] = []
     pca_xy: dict[str, tuple[float, float]] = {}
@@ -624,6 +635,13 @@ def _pca(members: list[Conversation], x: FloatArray) -> dict[str, tuple[float, f
     return {c.dialogue_id: (float(xy[i, 0]), float(xy[i, 1])) for i, c in enumerate(members)}
 
 
+#: A group dialogue's two-party echoing columns: missing, not "no echoing".
+_NO_ECHO_VERDICT: dict[str, object] = {
+    "echoing": None, "echo_who": None, "echo_score": math.nan, "echo_client_score": math.nan,
+    "echo_responder_score": math.nan, "echo_method": None, "echo_evidence": None,
+}
+
+
 def _per_dialogue(
     convs: list[Conversation],
     means: Mapping[str, Mapping[str, float]],
@@ -651,7 +669,7 @@ def _per_dialogue(
             "condition": c.condition,
             "harness_level": c.harness_level,
             "n_utterances": len(c.texts),
-            "n_client_turns": c.speakers.count("client"),
+            "n_client_turns": c.sides.count("client"),
         }
         if scenarios:  # goal success, compared like the other per-dialogue metrics
             row["scenario_id"] = c.scenario_id
@@ -673,6 +691,8 @@ def _per_dialogue(
                 "echo_turn_scores": turn_scores(v, len(c.texts)) if v else [],
             }
         )
+        if v is None and c.is_group:  # no two-party verdict: its group_echo* columns say it
+            row.update(_NO_ECHO_VERDICT)
         row.update(realism_rows.get(c.dialogue_id, {}))
         rows.append(row)
     frame = pd.DataFrame(rows)

@@ -6,6 +6,11 @@ Per dialogue (columns of ``per_dialogue.parquet``): ``mattr_<side>``, ``yules_k_
 ``front_loading_client``, ``politeness_client``, ``verbosity_cv_client``,
 ``frustration_client`` (:mod:`~spasm.evaluation.diagnostics`), and ``n_words_<side>``.
 
+In a group dialogue the client side is every client seat's utterances and the responder side
+every responder seat's (the utterance's ``turns.role``): the lexical measures run over each
+side's words in dialogue order, and :func:`~spasm.evaluation.diagnostics.seat_diagnostics`
+gives the Client diagnostics (front-loading and verbosity CV per seat, averaged).
+
 With a reference (any run directory or imported dataset, read through
 :func:`spasm.evaluation.loader.load_run`), each metric also gets
 ``<metric>_z = (value − mean_ref) / sd_ref``, where mean and sample sd are over the
@@ -23,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from spasm.evaluation.diagnostics import client_diagnostics
+from spasm.evaluation.diagnostics import client_diagnostics, seat_diagnostics
 from spasm.evaluation.lexical import HDD_SAMPLE, MATTR_WINDOW, hdd_many, mattr, word_tokens, yules_k
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import RealismMetrics, RealismReference, RealismStat, ReferenceStat
@@ -75,10 +80,16 @@ def realism_frame(conversations: Sequence[Conversation]) -> pd.DataFrame:
         row: dict[str, float | None] = {}
         tokens_by_side: dict[str, list[list[str]]] = {side: [] for side in SIDES}
         texts_by_side: dict[str, list[str]] = {side: [] for side in SIDES}
-        for speaker, text in zip(conv.speakers, conv.texts, strict=True):
-            if speaker in tokens_by_side:
-                tokens_by_side[speaker].append(word_tokens(text))
-                texts_by_side[speaker].append(text)
+        seats: dict[str, tuple[list[str], list[list[str]]]] = {}  # group dialogues: client seats
+        group = conv.is_group
+        for speaker, side, text in zip(conv.speakers, conv.sides, conv.texts, strict=True):
+            if side in tokens_by_side:
+                tokens_by_side[side].append(word_tokens(text))
+                texts_by_side[side].append(text)
+                if group and side == "client":
+                    seat = seats.setdefault(speaker, ([], []))
+                    seat[0].append(text)
+                    seat[1].append(tokens_by_side[side][-1])
         for side in SIDES:
             flat = [t for turn in tokens_by_side[side] for t in turn]
             freq = Counter(flat)
@@ -86,7 +97,12 @@ def realism_frame(conversations: Sequence[Conversation]) -> pd.DataFrame:
             row[f"yules_k_{side}"] = yules_k(freq.values())
             row[f"n_words_{side}"] = float(len(flat))
             counts.append(list(freq.values()))
-        for name, value in client_diagnostics(texts_by_side["client"], tokens_by_side["client"]).items():
+        diagnostics = (
+            seat_diagnostics(list(seats.values()))
+            if group
+            else client_diagnostics(texts_by_side["client"], tokens_by_side["client"])
+        )
+        for name, value in diagnostics.items():
             row[f"{name}_client"] = value
         rows.append(row)
     hdds = hdd_many(counts)
@@ -176,6 +192,14 @@ def realism_metrics(
             )
     else:
         notes.append("No reference corpus (--reference RUN): values only, no z-scores.")
+    n_group = sum(c.is_group for c in conversations)
+    if n_group:
+        notes.append(
+            f"{n_group} group dialogue(s): the client side is every client seat's utterances and the "
+            "responder side every responder seat's (turns.role); front-loading and verbosity CV are "
+            "computed per client seat and averaged. A pooled side mixes several speakers, so its "
+            "lexical diversity is not comparable with a two-party Client's."
+        )
     if "n_words_client" in frame:
         words = frame["n_words_client"]
         no_hdd, ttr = int((words < HDD_SAMPLE).sum()), int((words < MATTR_WINDOW).sum())
