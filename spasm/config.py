@@ -563,25 +563,47 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_plan_size(self) -> RunConfig:
+        # Inline scenarios cross every persona (a persona's own scenario, from a data file,
+        # runs 1:1: the engine counts those, and a scenario file, when it reads them).
+        inline = isinstance(self.scenarios, list) and (
+            self.personas.source is None or self.participants is not None)
+        problem = self.plan_size_problem(len(self.scenarios or []) if inline else None)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    def plan_size_problem(self, scenarios: int | None = None, personas: int | None = None,
+                          where: str = "") -> str | None:
+        """Why the plan is over ``engine.max_planned_dialogues`` (``None``: it is not):
+        personas × conversations × pairings × conditions × harness levels (a group run: group
+        dialogues × conditions), × ``scenarios`` when given. ``personas``: their count when
+        known (a data file's rows), else ``personas.n``; ``where`` names the counts' source."""
         levels = len(self.harness.levels) if self.harness.levels else 1
         # A source without n: its rows are counted when it is read (the engine checks again).
-        factors = [self.personas.n or 1, self.conversations_per_persona, len(self.pairing_list),
-                   len(self.conditions), levels]
+        factors = [personas or self.personas.n or 1, self.conversations_per_persona,
+                   len(self.pairing_list), len(self.conditions), levels]
+        names = "personas × conversations × pairings × conditions × harness levels"
         if self.group_plan is not None:
-            factors = [self.group_plan[0], 1, 1, len(self.conditions), 1]
+            groups, seats = self.group_plan
+            if personas is not None and self.group.dialogues is None:
+                groups = max(1, personas // seats)
+            factors = [groups, 1, 1, len(self.conditions), 1]
+        if scenarios is not None:
+            factors.append(scenarios)
+            names += " × scenarios"
         planned = 1
         for f in factors:
             planned *= f
         limit = self.engine.max_planned_dialogues
-        if planned > limit:
-            raise ValueError(
-                f"the plan has {planned:,} dialogues (personas × conversations × pairings × "
-                f"conditions × harness levels = {' × '.join(f'{f:,}' for f in factors)}), over "
-                f"engine.max_planned_dialogues = {limit:,}. Lower the counts, or raise "
-                "engine.max_planned_dialogues in the config if you mean it (memory grows ~1 KB "
-                "per planned dialogue)."
-            )
-        return self
+        if planned <= limit:
+            return None
+        return (
+            f"the plan has {planned:,} dialogues{where} ({names} = "
+            f"{' × '.join(f'{f:,}' for f in factors)}), over "
+            f"engine.max_planned_dialogues = {limit:,}. Lower the counts, or raise "
+            "engine.max_planned_dialogues in the config if you mean it (memory grows ~1 KB "
+            "per planned dialogue)."
+        )
 
     @property
     def pairing_list(self) -> list[PairingConfig]:

@@ -41,11 +41,12 @@ from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_
 from spasm.finish import complete_run
 from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas, build_source_personas
 from spasm.personas import load_schema
-from spasm.personas.sources import load_source
+from spasm.personas.sources import SourceCandidate, load_source
 from spasm.plugins import load_plugins
 from spasm.run_summary import RunSummary, manifest_record, progress_lines
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
 from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
+from spasm.scenarios import run_scenarios, scenario_changes, scenarios_record
 
 __all__ = ["TABLES", "Engine", "RunSummary", "config_differences", "make_backends", "plan"]
 
@@ -116,6 +117,10 @@ class Engine:
         #: ``--shard I/N``: only its personas' dialogues; recorded in the manifest.
         self.shard = shard
         self._shard_record = shard.record() if shard is not None else None
+        #: What the manifest records of the run's scenarios (:func:`scenarios_record`); set
+        #: when the run directory is checked, ``None`` in a run without scenarios or one
+        #: written before the record existed.
+        self._scenarios: dict[str, Any] | None = None
 
     # -- set-up ----------------------------------------------------------------------------
     def _check_run_dir(self) -> bool:
@@ -123,6 +128,7 @@ class Engine:
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UserError(f"--out {self.run_dir} is a file; name a directory for the run.")
         check_output(self.run_dir, "generate", overwrite=self.overwrite)
+        self._scenarios = scenarios_record(self.config)
         cfg_file = self.run_dir / "config.json"
         if not cfg_file.exists():
             if self.run_dir.exists() and any(
@@ -155,6 +161,7 @@ class Engine:
             self._shard_record = resume_check(self.run_dir, self.shard)
             self._refuse_legacy_ids()
             self._check_schema(old.get("persona_schema"))
+            self._check_scenarios()
         return self.overwrite
 
     def _schema_digest(self) -> str:
@@ -176,6 +183,39 @@ class Engine:
                 "edit does not apply to this run. Restore the schema, or pass --overwrite (or "
                 "another --out) to draw the personas again.",
                 self.config.personas.schema_file or "(bundled)", self.run_dir)
+
+    def _check_scenarios(self) -> None:
+        """A resumed run runs the scenarios its stored dialogues ran: the config names a
+        scenario file, so its fingerprint cannot see an edit; the digest its manifest records
+        can. A run whose manifest records none (written before the record) resumes unchecked,
+        as before, and goes on recording none."""
+        try:
+            manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return  # killed before its first manifest: nothing ran, record the scenarios now
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            if self._scenarios is not None and self.store.parts("dialogues"):
+                log.warning("%s/manifest.json cannot be read (%s), so the scenarios its stored "
+                            "dialogues ran cannot be checked against %s; they are recorded anew.",
+                            self.run_dir, exc, self._scenarios["source"])
+            return
+        if not isinstance(manifest, dict):
+            return
+        stored = manifest.get("scenarios")
+        if not isinstance(stored, dict) or not isinstance(stored.get("sha256"), str):
+            self._scenarios = None  # an older run: no record, so no check
+            return
+        now = self._scenarios or {"source": "(no scenarios)", "count": 0, "sha256": ""}
+        if stored["sha256"] == now["sha256"] or not self.store.parts("dialogues"):
+            return  # the same scenarios, or no dialogue ran with the old ones
+        source = stored.get("source") or now["source"]
+        where = "the config's inline scenarios" if source == "config" else f"the scenario file {source}"
+        raise UserError(
+            f"{where} changed since {self.run_dir} was started ({scenario_changes(stored, now)}); "
+            "its stored dialogues ran the scenarios as they were, so resuming would mix the two "
+            "under the same scenario ids. Restore the file as it was to resume, or start a new "
+            "run with another --out (or --overwrite to replace this one)."
+        )
 
     def _refuse_legacy_ids(self) -> None:
         """A run whose dialogue ids an older spasm built with unescaped ``-`` in backend names
@@ -203,10 +243,13 @@ class Engine:
             )
 
     def _manifest(self, summary: RunSummary, caller: Caller, status: str, started: str) -> None:
-        write_json(self.run_dir / "manifest.json", manifest_record(
+        record = manifest_record(
             summary, caller, self.config, status=status, started=started,
             shard=self._shard_record, tables=self.tables,
-        ))
+        )
+        if self._scenarios is not None:  # checked when the run is resumed (_check_scenarios)
+            record["scenarios"] = self._scenarios
+        write_json(self.run_dir / "manifest.json", record)
 
     async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
         pc = self.config.personas
@@ -487,6 +530,7 @@ class Engine:
         if pc.source is not None:
             return await self._source_personas(caller)
         assert pc.n is not None  # sampled personas always have a count (PersonaConfig)
+        self._check_plan_size()
         schema = load_schema(pc.schema_file)
         # A bar once drawing is slow enough to look stuck (900,000 personas: a minute or more);
         # by default only on a terminal and for large sets.
@@ -523,14 +567,7 @@ class Engine:
         schema = load_schema(pc.schema_file)
         source = await anyio.to_thread.run_sync(load_source, pc.source, schema, pc.field_map)
         chosen = source.sample(pc.n, cfg.seed)
-        levels = len(cfg.harness.levels) if cfg.harness.levels else 1
-        planned = (len(chosen) * cfg.conversations_per_persona * len(cfg.pairing_list)
-                   * len(cfg.conditions) * levels)
-        if planned > cfg.engine.max_planned_dialogues:
-            raise UserError(
-                f"the plan has {planned:,} dialogues ({len(chosen):,} personas from "
-                f"{pc.source}), over engine.max_planned_dialogues = "
-                f"{cfg.engine.max_planned_dialogues:,}; set personas.n, or raise the limit.")
+        self._check_plan_size(chosen)
         backend = pc.backend or cfg.pairing_list[0].client
         return await build_source_personas(
             schema, source, chosen, cfg.seed, caller=caller, backend=backend,
@@ -538,6 +575,27 @@ class Engine:
             responder_role=cfg.dialogue.responder_role,
             compile_policy=self._policy_compiler(caller, backend) if caller is not None else None,
         )
+
+    def _check_plan_size(self, chosen: list[SourceCandidate] | None = None) -> None:
+        """The config's plan-size check with what only reading the files tells: the rows of
+        ``personas.source`` (``chosen``) and the scenarios of a scenario file (a data file's
+        persona with its own scenario runs that one only)."""
+        cfg = self.config
+        scenarios = run_scenarios(cfg)
+        count = None if scenarios is None else len(scenarios)
+        personas = None if chosen is None else len(chosen)
+        read = [f"{personas:,} personas from {cfg.personas.source}"] if chosen is not None else []
+        if isinstance(cfg.scenarios, str):
+            read.append(f"{count:,} scenarios in {cfg.scenarios}")
+        own = sum(1 for c in chosen or [] if c.fields.get("scenario") not in (None, ""))
+        if scenarios is not None and personas is not None and own and cfg.participants is None:
+            # A persona with its own scenario runs that one only: count persona-scenario pairs.
+            personas, count = own + (personas - own) * len(scenarios), None
+            read.append(f"{own:,} of the personas name their own scenario: {personas:,} "
+                        "persona-scenario pairs, counted as personas")
+        problem = cfg.plan_size_problem(count, personas, f" ({'; '.join(read)})" if read else "")
+        if problem is not None:
+            raise UserError(problem)
 
 
 class _Scheduler:

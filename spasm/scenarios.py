@@ -14,6 +14,7 @@ and the line (and the field), never a traceback. A definitions module: no model 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
@@ -36,6 +37,8 @@ __all__ = [
     "persona_scenarios",
     "responder_context",
     "run_scenarios",
+    "scenario_changes",
+    "scenarios_record",
 ]
 
 #: A scenario id stands in dialogue ids and viewer URLs: letters, digits, ``.``, ``_``, ``-``.
@@ -209,3 +212,52 @@ def persona_scenarios(persona: Mapping[str, Any], scenarios: list[Scenario]) -> 
             return [s]
     raise ConfigError(f"persona {persona.get('persona_id')!r} names scenario {wanted!r}, which the "
                       f"run's scenarios do not have (ids: {', '.join(s.id for s in scenarios[:10])}).")
+
+
+#: Up to this many scenarios the manifest records each one's digest (``by_id``), so a changed
+#: file can be told by id; a larger set records only the whole set's digest.
+MAX_RECORDED_IDS = 10_000
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def scenarios_record(config: RunConfig) -> dict[str, Any] | None:
+    """What a run's manifest records of its scenarios (``None``: a run without scenarios):
+    ``source`` (the file, or ``config`` for an inline list), ``count``, ``sha256`` of the set
+    as parsed (every field of every scenario, by id: comments, layout and order do not count)
+    and ``by_id``, each scenario's digest (first 16 hex digits; up to
+    :data:`MAX_RECORDED_IDS` scenarios)."""
+    scenarios = run_scenarios(config)
+    if scenarios is None:
+        return None
+    by_id = {s.id: _digest(s.model_dump(mode="json")) for s in scenarios}
+    record: dict[str, Any] = {
+        "source": config.scenarios if isinstance(config.scenarios, str) else "config",
+        "count": len(scenarios),
+        "sha256": _digest(sorted(by_id.items())),
+    }
+    if len(by_id) <= MAX_RECORDED_IDS:
+        record["by_id"] = {k: v[:16] for k, v in sorted(by_id.items())}
+    return record
+
+
+def _listed(ids: Sequence[str], limit: int = 8) -> str:
+    more = f" and {len(ids) - limit:,} more" if len(ids) > limit else ""
+    return ", ".join(ids[:limit]) + more
+
+
+def scenario_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """What differs between two :func:`scenarios_record` s, for messages: the ids changed,
+    added and removed (or, without ``by_id``, the counts)."""
+    before, after = old.get("by_id"), new.get("by_id")
+    if not isinstance(before, Mapping) or not isinstance(after, Mapping):
+        return (f"{old.get('count', '?')} scenarios before, {new.get('count', '?')} now; "
+                "their content differs")
+    changed = sorted(k for k in before.keys() & after.keys() if before[k] != after[k])
+    added = sorted(after.keys() - before.keys())
+    removed = sorted(before.keys() - after.keys())
+    parts = [f"{what}: {_listed(ids)}" for what, ids in
+             (("changed", changed), ("added", added), ("removed", removed)) if ids]
+    return "; ".join(parts) or "the scenario set's digest differs"

@@ -6,7 +6,9 @@ refuses with a :class:`~spasm.errors.UserError` naming the shard before anything
 * every shard is a readable run (``open_run`` verifies each committed part's checksum), not
   being written now, written by ``spasm generate --shard I/N``;
 * all come from one config (``config.json`` ``fingerprint``), one schema version, one shard
-  count N, and drew the same persona set (the digest the shard records);
+  count N, drew the same persona set (the digest the shard records) and ran the same
+  scenarios (the manifest's ``scenarios`` digest: a scenario file edited between shards is
+  the same config; shards written before that record are not compared);
 * no two overlap (the same shard twice, a persona or a dialogue in two shards);
 * none of the N is missing and every one finished (manifest ``status`` ``complete``), unless
   ``allow_partial``: then what is there is merged and the run's status is ``partial``.
@@ -39,6 +41,7 @@ from spasm.dataset.outputs import check_output
 from spasm.dataset.reader import Run, open_run
 from spasm.dataset.store import RunStore
 from spasm.errors import UserError
+from spasm.scenarios import scenario_changes
 
 __all__ = ["MergeResult", "ShardRun", "inspect_shard", "merge_runs"]
 
@@ -155,6 +158,25 @@ def _check_same_run(shards: list[ShardRun]) -> None:
     _differs(shards, "persona sets", lambda s: s.shard and s.shard.get("personas_sha256"),
              "they drew different personas (an LLM validator or crafter answered differently); "
              "rerun them with personas.llm_validate/llm_craft off or at temperature 0")
+    _check_scenarios(shards)
+
+
+def _check_scenarios(shards: list[ShardRun]) -> None:
+    """Shards that record their scenarios (manifest ``scenarios``) ran the same ones."""
+    recorded = [(s, s.run.manifest["scenarios"]) for s in shards
+                if isinstance(s.run.manifest.get("scenarios"), dict)]
+    for s, record in recorded[1:]:
+        first, before = recorded[0]
+        if record.get("sha256") != before.get("sha256"):
+            source = record.get("source") or before.get("source")
+            what = "inline scenarios" if source == "config" else f"scenario file {source}"
+            raise UserError(
+                f"shards {first.path} (shard {first.spec}) and {s.path} (shard {s.spec}) ran "
+                f"different scenarios: the {what} changed between them "
+                f"({scenario_changes(before, record)}); their dialogues would mix two versions "
+                "under the same scenario ids. Restore the file and rerun the shards made with "
+                "the other version (each into a fresh --out), then merge. Nothing was written."
+            )
 
 
 def _check_overlap(shards: list[ShardRun]) -> None:
