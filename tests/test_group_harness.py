@@ -147,3 +147,41 @@ def test_every_client_seat_answers_its_own_persona_probes(group_run: Path) -> No
         concern = personas.loc[persona_id, "concern"]
         asked = {p["field"]: p["expected"] for p in probed}
         assert asked["concern"] == concern, (did, speaker)  # its own persona, not another seat's
+
+
+def test_persona_consistency_judges_each_client_seat_against_its_own_card(tmp_path: Path) -> None:
+    """``spasm eval --consistency`` on a group run: each client seat's lines and probe answers
+    go to the judge with that seat's card (one call per seat and measure); the dialogue's score
+    pools the seats' labels."""
+    from spasm.evaluation import evaluate, register_embedder
+    from spasm.evaluation.testing import LookupEmbedder
+    from tests.test_persona_probes import _answer
+
+    register_embedder("lookup", LookupEmbedder)
+    run = tmp_path / "run"
+    with TestServer(reply=_answer) as srv:
+        data = _group_data(srv.base_url, max_utterances=8)
+        data["termination"] = {"rules": False}
+        data["harness"] = {"persona_probes": True}
+        summary = anyio.run(Engine(parse_config(data, "<t>"), run, progress=False, sleep_scale=0).run)
+        assert summary.completed == 4, summary.line()
+        sent = len(srv.requests)
+        evaluate(run, embedder="lookup", progress=False, consistency=True)
+        judged = [r for r in srv.requests[sent:]
+                  if "labels" in str(r["messages"][0]["content"])]
+    per = pd.read_parquet(run / "eval" / "per_dialogue.parquet").set_index("dialogue_id")
+    assert per["consistency_prompt_to_line"].tolist() == [1.0] * 4
+    assert per["qa_consistency"].tolist() == pytest.approx([0.75] * 4)  # [0, 1, 1, 1] per seat
+    calls = pd.read_parquet(run / "calls.parquet")
+    # dialogues x client seats x (prompt-to-line, line-to-line, Q&A); repeats come from the cache
+    assert (calls.role == "eval_consistency").sum() == 4 * 3 * 3
+    personas = pd.read_parquet(run / "personas.parquet").set_index("persona_id")
+    seats = pd.read_parquet(run / "participants.parquet")
+    cards = {str(c) for c in personas.card}
+    for r in judged:
+        user = str(r["messages"][-1]["content"])
+        if user.startswith("Persona card:"):
+            assert sum(card in user for card in cards) == 1  # one seat's card, not the first's
+    first = seats[(seats.dialogue_id == "g0000-ecp") & (seats.role == "client")].persona_id
+    shown = {card for card in cards for r in judged if card in str(r["messages"][-1]["content"])}
+    assert {personas.loc[p, "card"] for p in first} <= shown

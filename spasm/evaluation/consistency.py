@@ -22,6 +22,11 @@ fallback (no score for that dialogue).
 
 Q&A, like prompt-to-line, is one call per dialogue for all its answers; a dialogue whose
 persona has no card, or with no answered question, gets none.
+
+In a group dialogue every client seat is judged on its own lines against its own persona's card
+(and its own probe answers): the calls above are made per seat, and the dialogue's labels are
+the seats' labels in seat order (a seat whose call failed leaves the dialogue without that
+measure, as a failed call does in a two-party dialogue).
 """
 
 from __future__ import annotations
@@ -121,8 +126,30 @@ def _labels_model(n: int) -> type[_Labels]:
     return model
 
 
-def _messages(conv: Conversation, card: str, measure: Measure) -> list[Message]:
-    lines = [t for s, t in zip(conv.speakers, conv.texts, strict=True) if s == "client"]
+@dataclass(frozen=True)
+class _Seat:
+    """One judged client of a dialogue: its speaker, its lines and its persona's card."""
+
+    speaker: str
+    lines: tuple[str, ...]
+    card: str
+
+
+def _seats(conv: Conversation, cards: Mapping[str, str]) -> list[_Seat]:
+    """The Client of a two-party dialogue, or every client seat of a group one in order of
+    first appearance, each with its own persona's card."""
+    if not conv.is_group:
+        return [_Seat("client", tuple(conv.side("client")), cards.get(conv.persona_id, ""))]
+    order: dict[str, str | None] = {}
+    for speaker, role, persona in zip(conv.speakers, conv.sides, conv.seat_personas or (),
+                                      strict=True):
+        if role == "client":
+            order.setdefault(speaker, persona)
+    return [_Seat(sp, tuple(conv.side(sp)), cards.get(pid, "") if pid else "")
+            for sp, pid in order.items()]
+
+
+def _messages(lines: Sequence[str], card: str, measure: Measure) -> list[Message]:
     numbered = "\n".join(f"[{i}] CLIENT: {t}" for i, t in enumerate(lines))
     if measure == "prompt_to_line":
         return [
@@ -145,8 +172,8 @@ def _qa_messages(card: str, answered: Sequence[PersonaProbe]) -> list[Message]:
     ]
 
 
-def _expected(conv: Conversation, measure: Measure) -> int:
-    n = conv.speakers.count("client")
+def _expected(lines: Sequence[str], measure: Measure) -> int:
+    n = len(lines)
     return n if measure == "prompt_to_line" else max(0, n - 1)
 
 
@@ -157,10 +184,10 @@ async def judge_consistency(
     *,
     concurrency: int = 8,
     on_done: Callable[[int], None] | None = None,
-    qa: Mapping[str, Sequence[PersonaProbe]] | None = None,
+    qa: Mapping[tuple[str, str], Sequence[PersonaProbe]] | None = None,
 ) -> tuple[dict[str, ConsistencyVerdict], int]:
-    """Prompt-to-line, line-to-line and (with ``qa``: each dialogue's persona probes) Q&A
-    labels of every dialogue by one judge.
+    """Prompt-to-line, line-to-line and (with ``qa``: the persona probes of each
+    ``(dialogue_id, speaker in lower case)``) Q&A labels of every dialogue by one judge.
 
     Dialogues whose persona has no card get no prompt-to-line or Q&A labels; a measure with
     no line (or answer) to judge is skipped without a call.
@@ -173,37 +200,51 @@ async def judge_consistency(
     out: dict[str, ConsistencyVerdict] = {}
     fallbacks = 0
 
+    async def labelled(conv: Conversation, messages: list[Message], n: int) -> list[int] | None:
+        async with limiter:  # a dialogue's calls share its scope: one after the other
+            parsed = await llm.structured(CONSISTENCY_ROLE, conv.dialogue_id, messages,
+                                          _labels_model(n))
+        return None if parsed is None else [int(x) for x in parsed.labels]
+
     async def one(conv: Conversation) -> None:
         nonlocal fallbacks
         labels: dict[str, list[int] | None] = {}
         failed: list[str] = []
+        seats = _seats(conv, cards)
         for measure in ("prompt_to_line", "line_to_line"):
-            n = _expected(conv, measure)
-            card = cards.get(conv.persona_id, "")
-            if n == 0 or (measure == "prompt_to_line" and not card.strip()):
-                labels[measure] = None
-                continue
-            async with limiter:  # the two calls of a dialogue share its scope: one after the other
-                parsed = await llm.structured(
-                    CONSISTENCY_ROLE, conv.dialogue_id, _messages(conv, card, measure), _labels_model(n)
-                )
-            if parsed is None:
+            got: list[int] | None = []
+            asked = False
+            for seat in seats:
+                n = _expected(seat.lines, measure)
+                if n == 0 or (measure == "prompt_to_line" and not seat.card.strip()):
+                    continue
+                asked = True
+                part = await labelled(conv, _messages(seat.lines, seat.card, measure), n)
+                if part is None:
+                    got = None
+                    break
+                got = [*(got or []), *part]
+            if asked and got is None:
                 fallbacks += 1
                 failed.append(measure)
-            labels[measure] = None if parsed is None else [int(x) for x in parsed.labels]
-        answered = [p for p in (qa or {}).get(conv.dialogue_id, ()) if p.answer is not None]
-        card = cards.get(conv.persona_id, "")
-        labels["qa"] = None
-        if answered and card.strip():
-            async with limiter:
-                parsed = await llm.structured(
-                    CONSISTENCY_ROLE, conv.dialogue_id, _qa_messages(card, answered),
-                    _labels_model(len(answered)),
-                )
-            if parsed is None:
-                fallbacks += 1
-                failed.append("qa")
-            labels["qa"] = None if parsed is None else [int(x) for x in parsed.labels]
+            labels[measure] = got if asked else None
+        qa_got: list[int] | None = []
+        qa_asked = False
+        for seat in seats:
+            answered = [p for p in (qa or {}).get((conv.dialogue_id, seat.speaker.lower()), ())
+                        if p.answer is not None]
+            if not answered or not seat.card.strip():
+                continue
+            qa_asked = True
+            part = await labelled(conv, _qa_messages(seat.card, answered), len(answered))
+            if part is None:
+                qa_got = None
+                break
+            qa_got = [*(qa_got or []), *part]
+        if qa_asked and qa_got is None:
+            fallbacks += 1
+            failed.append("qa")
+        labels["qa"] = qa_got if qa_asked else None
         out[conv.dialogue_id] = ConsistencyVerdict(
             conv.dialogue_id, labels["prompt_to_line"], labels["line_to_line"], tuple(failed),
             qa=labels["qa"],

@@ -86,7 +86,7 @@ def consistency_stage(
     *,
     concurrency: int,
     show: bool,
-    qa: Mapping[str, Sequence[PersonaProbe]] | None = None,
+    qa: Mapping[tuple[str, str], Sequence[PersonaProbe]] | None = None,
 ) -> tuple[ConsistencyMetrics, dict[str, dict[str, float | None]], dict[str, dict[str, ConsistencyVerdict]]]:
     """Persona consistency by every judge (Q&A too when ``qa`` holds the run's persona probes,
     by dialogue).

@@ -250,18 +250,20 @@ def _llm_backends(
     return first + [resolve_backend(run_dir, name=j) for j in judges]
 
 
-def _persona_probes(data: RunData) -> dict[str, list[PersonaProbe]]:
-    """The Client's persona probes (``harness.persona_probes``) of each dialogue that has them,
-    read from its turns' ``probe`` column (empty for a run without them)."""
+def _persona_probes(data: RunData) -> dict[tuple[str, str], list[PersonaProbe]]:
+    """The persona probes (``harness.persona_probes``) of each ``(dialogue_id, speaker)`` that
+    has them — the Client of a two-party dialogue, each client seat of a group one; speakers in
+    lower case, as the loader reads them — from the turns' ``probe`` column (empty for a run
+    without them). Only client turns hold them."""
     turns = data.turns
     if "probe" not in turns.columns:
         return {}
-    out: dict[str, list[PersonaProbe]] = {}
-    held = turns[(turns["speaker"] == "client") & turns["probe"].notna()]
-    for did, raw in zip(held["dialogue_id"], held["probe"], strict=True):
+    out: dict[tuple[str, str], list[PersonaProbe]] = {}
+    held = turns[turns["probe"].notna()]
+    for did, speaker, raw in zip(held["dialogue_id"], held["speaker"], held["probe"], strict=True):
         asked = load_persona_probes(raw)
         if asked:
-            out.setdefault(str(did), []).extend(asked)
+            out.setdefault((str(did), str(speaker)), []).extend(asked)
     return out
 
 
