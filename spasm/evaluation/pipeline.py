@@ -70,7 +70,8 @@ from spasm.evaluation.metrics import (
 )
 from spasm.evaluation.onset import onset_curves, onset_turn, turn_scores
 from spasm.evaluation.realism import realism_frame, realism_metrics, reference_from, z_scores
-from spasm.evaluation.report import GroupFrames, report_figures, write_report
+from spasm.evaluation.report import report_figures, write_report
+from spasm.evaluation.report_group import GroupFrames
 from spasm.evaluation.separability import Retrieval, separability_scores
 from spasm.evaluation.summary import (
     echo_examples,
