@@ -7,6 +7,13 @@ number of texts embedded and sentences per second, the time of every stage (the 
 metrics, echoing with its onset and the paired comparison included) and the peak RSS. A second
 pass shows the cached cost.
 
+``--embedder static`` uses the static distillation of the same MiniLM instead (docs/evaluation.md,
+"Fast static embedder"); its one-off table is distilled (or read from the cache) before the
+timed evaluation and timed on its own line. At the SPASM corpus size:
+
+    .venv/bin/python benchmarks/eval_speed.py --embedder static --dialogues 45000 --personas 1800 \
+        --no-second-pass
+
 ``--offline-only`` times only what needs no embedding model — lexical diversity (MATTR, Yule's
 K, HD-D) per side, the Client diagnostics, their z-scores against a reference (the run itself),
 language compliance, the rule's echoing onset and the paired comparison of every metric — so
@@ -105,12 +112,19 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="write the run here and keep it")
     parser.add_argument("--no-second-pass", action="store_true")
     parser.add_argument(
+        "--embedder",
+        choices=("local", "static"),
+        default="local",
+        help="local (default: int8 MiniLM on onnxruntime) or static (its distilled token table)",
+    )
+    parser.add_argument(
         "--offline-only", action="store_true", help="only the metrics that need no embedding model"
     )
     args = parser.parse_args()
 
     from spasm.dataset.synthetic import synthesize_run
     from spasm.evaluation import evaluate
+    from spasm.evaluation.embeddings import Embedder, StaticEmbedder, create_embedder
 
     tmp = Path(tempfile.mkdtemp(prefix="spasm-eval-bench-"))
     run_dir = args.keep or tmp / "run"
@@ -123,15 +137,24 @@ def main() -> None:
             f"synthesised {args.dialogues} dialogues x {args.utterances} utterances, "
             f"{args.personas} personas in {time.perf_counter() - t0:.1f} s -> {run_dir}"
         )
-        print(f"cores: {os.cpu_count()}, onnxruntime intra-op threads: 2")
+        print(f"cores: {os.cpu_count()}, embedder {args.embedder}, onnxruntime intra-op threads: 2")
         if args.offline_only:
             offline_only(run_dir)
             return
 
+        embedder: Embedder = create_embedder(args.embedder)
+        if isinstance(embedder, StaticEmbedder):
+            t0 = time.perf_counter()
+            embedder.embed([""])  # loads the table: distilled once per model file, then cached
+            how = "distilled" if embedder.distilled else "read from the cache"
+            print(
+                f"static table {how} in {time.perf_counter() - t0:.1f} s "
+                f"(its distillation took {embedder.distill_seconds:.1f} s): {embedder.table_path}"
+            )
         load_before = os.getloadavg()[0]
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        m = evaluate(run_dir, embedder="local", mode="cheap", progress=None)
+        m = evaluate(run_dir, embedder=embedder, mode="cheap", progress=None)
         wall = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
@@ -161,7 +184,7 @@ def main() -> None:
 
         if not args.no_second_pass:
             t0 = time.perf_counter()
-            m2 = evaluate(run_dir, embedder="local", mode="cheap", progress=False)
+            m2 = evaluate(run_dir, embedder=embedder, mode="cheap", progress=False)
             print(
                 f"\nwarm run (cached embeddings): {time.perf_counter() - t0:.1f} s wall, "
                 f"texts embedded {m2.counts.texts_embedded}"
