@@ -187,6 +187,20 @@ async def goal_verdict(
     )
 
 
+async def judged_goal(
+    spec: DialogueSpec, config: RunConfig, caller: Caller, convo: Conversation,
+    session: DialogueSession, detector: GoalDetector | None,
+) -> tuple[GoalVerdict | None, ErrorRow | None]:
+    """The goal verdict (:func:`goal_verdict`), or the error row that quarantines the
+    dialogue like a failed turn when the judge's backend failed its retries."""
+    try:
+        return await goal_verdict(spec, config, caller, convo, session, detector), None
+    except BudgetExceededError:
+        raise
+    except RunError as exc:
+        return None, _error_row(spec, convo, exc)
+
+
 def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None) -> DialogueRow:
     """The dialogue's row with its scenario and the goal judge's verdict (a run with
     scenarios), else the row as it is."""
@@ -228,12 +242,9 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
     if convo.error is not None:
         result.error = _error_row(spec, convo, convo.error)
         return result
-    try:
-        verdict = await goal_verdict(spec, config, caller, convo, session, goal)
-    except BudgetExceededError:
-        raise
-    except RunError as exc:  # the judge's backend failed its retries: quarantined like a turn
-        result.error = _error_row(spec, convo, exc)
+    verdict, failed = await judged_goal(spec, config, caller, convo, session, goal)
+    if failed is not None:
+        result.error = failed
         return result
     result.turns = convo.turns
     result.dialogue = with_goal(_dialogue_row(spec, config, agents, convo, session.scope.records),
@@ -412,12 +423,10 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
     if convo.error is not None:
         result.error = _error_row(spec, convo, convo.error)
         return result
-    try:  # a run with scenarios: one goal_judge call over the whole group transcript
-        verdict = await goal_verdict(spec, config, caller, convo, session, goal)
-    except BudgetExceededError:
-        raise
-    except RunError as exc:  # the judge's backend failed its retries: quarantined like a turn
-        result.error = _error_row(spec, convo, exc)
+    # A run with scenarios: one goal_judge call over the whole group transcript.
+    verdict, failed = await judged_goal(spec, config, caller, convo, session, goal)
+    if failed is not None:
+        result.error = failed
         return result
     result.turns = convo.turns
     client = next(a for a, s in zip(agents, spec.seats, strict=True) if s.participant.role == "client")

@@ -29,6 +29,7 @@ from spasm.evaluation.testing import LookupEmbedder
 from spasm.personas.schema import load_schema
 from spasm.testing import TestServer
 from tests.conftest import endpoint_config
+from tests.test_group import _group_data
 
 register_embedder("lookup", LookupEmbedder)
 
@@ -38,19 +39,7 @@ GROUP_FIGURES = ["group_rates", "group_echo_pairs", "group_drift"]
 
 
 def _group_config(base_url: str) -> dict[str, Any]:
-    data = endpoint_config(
-        base_url, personas={"n": 6}, conditions=["ecp", "concat"],
-        participants=[
-            {"id": "Ana", "role": "client", "backend": "srv"},
-            {"id": "Ben", "role": "client", "backend": "srv"},
-            {"id": "Carla", "role": "client", "backend": "srv"},
-            {"id": "Facilitator", "role": "responder", "backend": "srv",
-             "responder_role": "peer-support facilitator"},
-        ],
-        group={"max_utterances": 8, "next_speaker": "round_robin"},
-    )
-    data.pop("pairings")
-    return data
+    return _group_data(base_url, next_speaker="round_robin")
 
 
 @pytest.fixture(scope="module")

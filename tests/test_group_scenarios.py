@@ -35,6 +35,7 @@ from spasm.seeds import derive_seed
 from spasm.testing import TestServer
 from spasm.testing.replies import default_reply
 from tests.conftest import endpoint_config
+from tests.test_shards import sorted_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS: list[dict[str, Any]] = yaml.safe_load(
@@ -312,13 +313,9 @@ def test_group_shards_with_scenarios_merge_into_the_unsharded_run(tmp_path: Path
                    check=True, capture_output=True)
     s1 = pd.read_parquet(tmp_path / "s1" / "dialogues.parquet")
     assert sorted(s1.dialogue_id) == ["g0001-sdouble%2Dcharge-ecp", "g0001-slate%2Dorder-ecp"]
-    for table, keys in [("dialogues", ["dialogue_id"]), ("participants", ["dialogue_id", "position"]),
-                        ("turns", ["dialogue_id", "turn_index"]), ("personas", ["persona_id"])]:
-        full = pd.read_parquet(tmp_path / "full" / f"{table}.parquet").sort_values(keys)
-        merged = pd.read_parquet(tmp_path / "merged" / f"{table}.parquet").sort_values(keys)
-        drop = [c for c in ("latency_s",) if c in full.columns]
-        pd.testing.assert_frame_equal(full.drop(columns=drop).reset_index(drop=True),
-                                      merged.drop(columns=drop).reset_index(drop=True))
+    for table in ("dialogues", "participants", "turns", "personas"):
+        pd.testing.assert_frame_equal(sorted_rows(tmp_path / "full", table),
+                                      sorted_rows(tmp_path / "merged", table))
     merged = pd.read_parquet(tmp_path / "merged" / "dialogues.parquet")
     assert len(merged) == 6 and merged.goal_met.all()
     calls = pd.read_parquet(tmp_path / "merged" / "calls.parquet")

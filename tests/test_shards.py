@@ -22,6 +22,8 @@ from tests.conftest import endpoint_config
 TIMING = ("latency_s", "started_at", "failed_at")
 KEYS = {"personas": ["persona_index"], "persona_rejections": ["draw"],
         "dialogues": ["dialogue_id"], "turns": ["dialogue_id", "turn_index"]}
+#: Every table's keys, a group run's participants too (for :func:`sorted_rows`).
+ROW_KEYS = {**KEYS, "participants": ["dialogue_id", "position"]}
 
 
 def config_file(tmp: Path, base_url: str, **overrides: Any) -> str:
@@ -41,7 +43,7 @@ def sorted_rows(run_dir: Path, table: str) -> pd.DataFrame:
     """A table's rows sorted by its keys, without timing columns, for comparing runs."""
     df = open_run(run_dir).df(table)
     df = df[[c for c in df.columns if c not in TIMING]]
-    return df.sort_values(KEYS[table]).reset_index(drop=True)
+    return df.sort_values(ROW_KEYS[table]).reset_index(drop=True)
 
 
 def test_three_shards_merged_equal_the_unsharded_run(tmp_path: Path, server: TestServer) -> None:
