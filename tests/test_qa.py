@@ -315,3 +315,38 @@ def test_role_flips_come_from_eval_signals_and_annotations(tmp_path: Path) -> No
         stats = export_run(run_dir, tmp_path / echoing, options).stats
         assert stats.conversations == kept, echoing
     assert stats.dropped == {"echoing": 9}  # with "only", every unmarked dialogue
+
+
+def test_harness_notes_copied_into_a_reply_are_found_and_keep_the_export_clean(tmp_path: Path) -> None:
+    """The harness's private notes are a prompt a small model may copy: every fixed line of a
+    real turn block (rendered by a level-C run) is found, ordinary talk is not, and an export
+    drops a dialogue whose reply repeats them unless ``--allow-qa harness_notes`` keeps it."""
+    run = tmp_path / "run"
+    with TestServer() as srv:  # its replies quote the last message: here, the turn block
+        config = config_from(endpoint_config(
+            srv.base_url, personas={"n": 1}, dialogue={"max_turns_per_agent": 3, "max_tokens": 40},
+            termination={"rules": False}, harness={"client": "C", "window": 2, "stride": 1},
+        ))
+        anyio.run(Engine(config, run, progress=False, sleep_scale=0).run)
+    turns = pd.read_parquet(run / "turns.parquet")
+    frames = [json.loads(m) for m in turns[turns.speaker == "client"].messages]
+    block = frames[-1][-1]["content"]
+    assert block.startswith("Private notes for your next message")
+    fixed = [line for line in block.splitlines()
+             if line.startswith(("Private notes", "Where you stand now:", "Scene:"))
+             or line.startswith(("- This is message", "- Topic so far:", "- The conversation has"))]
+    assert len(fixed) >= 4, block
+    for line in fixed:
+        if line == "Scene:":  # a heading alone says nothing a person could not
+            continue
+        assert scan_text(line, ScanContext(), kinds=["harness_notes"]), line
+    for ordinary in ("This is my first message here.", "So far so good, thanks.",
+                     "What is still open is my refund.", "The topic is my visa."):
+        assert not scan_text(ordinary, ScanContext(), kinds=["harness_notes"]), ordinary
+    qa = scan_run(open_run(run))
+    assert any(r.kind == "harness_notes" for r in qa.rows)
+    with pytest.raises(UserError):  # its one dialogue is dropped: nothing left to export
+        export_run(run, tmp_path / "out", ExportOptions())
+    kept = export_run(run, tmp_path / "kept",
+                      ExportOptions(selection=Selection(allow_qa=["harness_notes"])))
+    assert kept.stats.conversations == 1

@@ -272,8 +272,8 @@ class QARow(Row):
     dialogue_id: Str
     #: The utterance the finding is in (``None``: the whole dialogue, e.g. a duplicate).
     turn_index: Annotated[int | None, INT32] = None
-    #: ai_identity | prompt_leak | email | phone | url | number | empty_turn | alternation |
-    #: duplicate | near_duplicate | role_flip
+    #: ai_identity | prompt_leak | harness_notes | email | phone | url | number | empty_turn |
+    #: alternation | duplicate | near_duplicate | off_language | role_flip
     kind: Str
     #: What was found (the matched text, or the other dialogue's id for a duplicate).
     evidence: Str

@@ -12,8 +12,9 @@ names the typed placeholder an export puts in their place. Where two redactable 
 :data:`REDACTABLE`. :func:`redact` is pure and returns what it replaced by what, so every
 redaction is visible in the data (like the harness's clips).
 
-The other kinds (``ai_identity``, ``prompt_leak``, ``empty_turn``, ``off_language``) cannot be
-redacted: an export drops a dialogue that has one unless told to keep it (``--allow-qa KIND``).
+The other kinds (``ai_identity``, ``prompt_leak``, ``harness_notes``, ``empty_turn``,
+``off_language``) cannot be redacted: an export drops a dialogue that has one unless told to
+keep it (``--allow-qa KIND``).
 ``off_language`` is an utterance in another language than the persona's, by the identifier and
 thresholds of :mod:`spasm.language` (those of ``spasm eval``'s language compliance); without
 py3langid installed it is not scanned. Dialogue-level kinds (alternation,
@@ -329,6 +330,25 @@ _AI_IDENTITY = re.compile(
 def scan_ai_identity(text: str, ctx: ScanContext) -> list[Finding]:
     """An agent stepping out of its role to say it is an AI or a language model."""
     return [Finding("ai_identity", m.start(), m.end(), m.group()) for m in _AI_IDENTITY.finditer(text)]
+
+
+#: The fixed lines of the Persona Harness's private notes (the turn block of
+#: :func:`spasm.harness.prompt.turn_block` and the scene lines of
+#: :class:`spasm.harness.runtime.HarnessedAgent`): a reply that repeats one copied its notes
+#: instead of speaking (small models do). ``tests/test_qa.py`` renders a real block against it.
+_HARNESS_NOTES = re.compile(
+    r"private notes for your next message|where you stand now:"
+    r"|this is message \d+ of the conversation|\btopic so far:"
+    r"|the conversation has shifted from [a-z ]+ to [a-z ]+:|\bstill open:|\blast correction:",
+    re.IGNORECASE,
+)
+
+
+@register_scan("harness_notes")
+def scan_harness_notes(text: str, ctx: ScanContext) -> list[Finding]:
+    """A line of the harness's private notes repeated in an utterance."""
+    return [Finding("harness_notes", m.start(), m.end(), m.group())
+            for m in _HARNESS_NOTES.finditer(text)]
 
 
 @register_scan("empty_turn")

@@ -31,8 +31,8 @@ DIALOGUE_COLUMNS = ["dialogue_id", "persona_id", "conversation_index", "conditio
                     "client_model", "responder_model", "harness_level", "termination_reason",
                     "n_utterances", "status", "client_system_prompt", "responder_system_prompt"]
 #: Unredactable QA kinds in the order a dropped dialogue is attributed to them.
-_QA_ORDER = ("duplicate", "near_duplicate", "ai_identity", "prompt_leak", "empty_turn", "alternation",
-             "off_language")
+_QA_ORDER = ("duplicate", "near_duplicate", "ai_identity", "prompt_leak", "harness_notes", "empty_turn",
+             "alternation", "off_language")
 REASONS = ("failed", "condition", "pairing", "harness_level", "termination_reason", "min_utterances",
            "max_utterances", "echoing", *(f"qa:{k}" for k in _QA_ORDER), "only_qa", "no_turn_of_role")
 _FILTERS = {"condition": "conditions", "pairing": "pairings", "harness_level": "harness_levels",
