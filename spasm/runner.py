@@ -187,18 +187,27 @@ async def goal_verdict(
     )
 
 
-async def judged_goal(
+async def settle(
     spec: DialogueSpec, config: RunConfig, caller: Caller, convo: Conversation,
     session: DialogueSession, detector: GoalDetector | None,
-) -> tuple[GoalVerdict | None, ErrorRow | None]:
-    """The goal verdict (:func:`goal_verdict`), or the error row that quarantines the
-    dialogue like a failed turn when the judge's backend failed its retries."""
+) -> tuple[DialogueResult, GoalVerdict | None]:
+    """What a finished dialogue (two-party or group) leaves: its calls, then either the error
+    row that quarantines it — the dialogue failed, or the goal judge's backend failed its
+    retries — or its turns and the goal verdict (:func:`goal_verdict`; ``None`` without
+    scenarios). The caller adds the dialogue row when there is no error."""
+    result = DialogueResult(spec, calls=session.scope.records)
+    if convo.error is not None:
+        result.error = _error_row(spec, convo, convo.error)
+        return result, None
     try:
-        return await goal_verdict(spec, config, caller, convo, session, detector), None
+        verdict = await goal_verdict(spec, config, caller, convo, session, detector)
     except BudgetExceededError:
         raise
     except RunError as exc:
-        return None, _error_row(spec, convo, exc)
+        result.error = _error_row(spec, convo, exc)
+        return result, None
+    result.turns = convo.turns
+    return result, verdict
 
 
 def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None) -> DialogueRow:
@@ -238,15 +247,9 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
         max_turns_per_agent=config.dialogue.max_turns_per_agent,
         hooks=harness_hooks(config, {"client": spec.persona}),
     )
-    result = DialogueResult(spec, calls=session.scope.records)
-    if convo.error is not None:
-        result.error = _error_row(spec, convo, convo.error)
+    result, verdict = await settle(spec, config, caller, convo, session, goal)
+    if result.error is not None:
         return result
-    verdict, failed = await judged_goal(spec, config, caller, convo, session, goal)
-    if failed is not None:
-        result.error = failed
-        return result
-    result.turns = convo.turns
     result.dialogue = with_goal(_dialogue_row(spec, config, agents, convo, session.scope.records),
                                 spec, verdict)
     return result
@@ -419,16 +422,10 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
         hooks=harness_hooks(config, {s.participant.id: s.persona for s in spec.seats
                                      if s.persona is not None}),
     )
-    result = DialogueResult(spec, calls=session.scope.records)
-    if convo.error is not None:
-        result.error = _error_row(spec, convo, convo.error)
-        return result
     # A run with scenarios: one goal_judge call over the whole group transcript.
-    verdict, failed = await judged_goal(spec, config, caller, convo, session, goal)
-    if failed is not None:
-        result.error = failed
+    result, verdict = await settle(spec, config, caller, convo, session, goal)
+    if result.error is not None:
         return result
-    result.turns = convo.turns
     client = next(a for a, s in zip(agents, spec.seats, strict=True) if s.participant.role == "client")
     helper = next(a for a, s in zip(agents, spec.seats, strict=True)
                   if s.participant.role == "responder")
