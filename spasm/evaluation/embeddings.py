@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spasm.dataset.files import atomic_write, atomic_write_bytes, atomic_write_json
+from spasm.dataset.integrity import file_sha256
 from spasm.errors import RunError, UserError
 from spasm.redact import redact_url
 
@@ -394,14 +395,6 @@ def static_cache_dir() -> Path:
     return base / "spasm" / "static-embedder"
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _plain_tokenizer(path: Path) -> Any:
     """The tokenizer with the shipped padding (to 128) and truncation (at 128) switched off."""
     try:
@@ -575,8 +568,8 @@ class StaticEmbedder:
         _, _, special = _special_ids(tokenizer)
         size = tokenizer.get_vocab_size(with_added_tokens=True)
         source = {
-            "model_sha256": _sha256_file(self.model_path),
-            "tokenizer_sha256": _sha256_file(self.tokenizer_path),
+            "model_sha256": file_sha256(self.model_path),
+            "tokenizer_sha256": file_sha256(self.tokenizer_path),
             "recipe": self._recipe(),
         }
         key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:32]
