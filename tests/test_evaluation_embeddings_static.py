@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spasm.dataset.integrity import file_sha256
 from spasm.dataset.synthetic import synthesize_run
 from spasm.evaluation import embeddings, evaluate
 from spasm.evaluation.cli import register
@@ -185,7 +186,7 @@ def test_a_damaged_cached_table_is_rebuilt(
     else:  # a valid .npy of another shape, its checksum recorded as if it were right
         np.save(table_file, good[:10])
         meta = json.loads(table_file.with_suffix(".json").read_text())
-        meta["table_sha256"] = embeddings._sha256_file(table_file)
+        meta["table_sha256"] = file_sha256(table_file)
         table_file.with_suffix(".json").write_text(json.dumps(meta))
 
     calls: list[tuple[object, ...]] = []
