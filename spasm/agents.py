@@ -24,7 +24,7 @@ from typing import Protocol
 from spasm.backends.base import ChatRequest, Completion, Message
 from spasm.history import History, Speaker
 from spasm.language import language_name
-from spasm.projection import Viewer, project
+from spasm.projection import Viewer, name_list, project
 from spasm.session import DialogueSession
 
 END_MARKER = "<END>"
@@ -67,11 +67,6 @@ def responder_system_prompt(
     return f"{base}\n\n{instructions}" if instructions else base
 
 
-def _names(ids: Sequence[str]) -> str:
-    """``Ana``, ``Ana and Ben``, ``Ana, Ben and Carla``."""
-    return ids[0] if len(ids) == 1 else f"{', '.join(ids[:-1])} and {ids[-1]}"
-
-
 def group_presence(me: str, seats: Sequence[tuple[str, str, str]]) -> str:
     """Who else is in a group conversation, named from ``me``'s side (``seats``: id, role and
     the responder role of each participant, in order), so no participant has to guess how many
@@ -80,10 +75,10 @@ def group_presence(me: str, seats: Sequence[tuple[str, str, str]]) -> str:
     helpers = [f"{pid} (the {rrole})" for pid, role, rrole in seats if role == "responder" and pid != me]
     parts = []
     if clients:
-        parts.append(f"{_names(clients)} ({'another person' if len(clients) == 1 else 'other people'} "
+        parts.append(f"{name_list(clients)} ({'another person' if len(clients) == 1 else 'other people'} "
                      "seeking help)")
     if helpers:
-        parts.append(_names(helpers))
+        parts.append(name_list(helpers))
     return (f"This is a group conversation with {len(seats)} participants. You appear in it as "
             f"{me}; the others present are {' and '.join(parts)}. Each message is labelled with "
             "its speaker's name.")

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from spasm.backends.base import Message
 from spasm.calls import Caller, CallScope
 from spasm.history import History
-from spasm.projection import transcript
+from spasm.projection import name_list, transcript
 from spasm.termination import Stop
 
 __all__ = [
@@ -47,10 +47,6 @@ class GoalVerdict(BaseModel):
 Seats = Sequence[tuple[str, str]]
 
 
-def _names(ids: Sequence[str]) -> str:
-    return ids[0] if len(ids) == 1 else f"{', '.join(ids[:-1])} and {ids[-1]}"
-
-
 def group_goal_messages(history: History, goal: str, expected_outcome: str,
                         seats: Seats) -> list[Message]:
     """The goal judge's messages for a group dialogue: who came for help (the client seats,
@@ -62,8 +58,8 @@ def group_goal_messages(history: History, goal: str, expected_outcome: str,
     return [
         {
             "role": "system",
-            "content": f"You read a group conversation between {_names([p for p, _ in seats])}. "
-            f"{_names(clients)} came for help and share one goal; {_names(helpers)} "
+            "content": f"You read a group conversation between {name_list([p for p, _ in seats])}. "
+            f"{name_list(clients)} came for help and share one goal; {name_list(helpers)} "
             f"{'is' if len(helpers) == 1 else 'are'} there to help. Decide whether the goal "
             "was met: the expected outcome happened in the conversation (a promise of it counts "
             f"only when {' or '.join(helpers)} commits to it). Answer with a JSON object "
@@ -71,7 +67,7 @@ def group_goal_messages(history: History, goal: str, expected_outcome: str,
         },
         {
             "role": "user",
-            "content": f"The goal of {_names(clients)}: {goal}\nThe expected outcome: "
+            "content": f"The goal of {name_list(clients)}: {goal}\nThe expected outcome: "
             f"{expected_outcome}\n\nThe conversation (each line begins with the speaker's "
             f"id):\n{lines}",
         },

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -141,6 +141,11 @@ def label(speaker: Speaker, viewer: Viewer | None = None) -> str:
     if viewer is not None and viewer.group is not None:
         return speaker
     return SPEAKER_LABELS.get(speaker, speaker)
+
+
+def name_list(ids: Sequence[str]) -> str:
+    """Participants named in prose: ``Ana``, ``Ana and Ben``, ``Ana, Ben and Carla``."""
+    return ids[0] if len(ids) == 1 else f"{', '.join(ids[:-1])} and {ids[-1]}"
 
 
 def transcript(history: History, viewer: Viewer | None = None) -> str:
