@@ -57,7 +57,7 @@ from spasm.evaluation.echoing import (
     quote,
 )
 from spasm.evaluation.embeddings import FloatArray
-from spasm.evaluation.loader import Conversation, seat_role
+from spasm.evaluation.loader import Conversation, clean_cell, seat_role
 from spasm.evaluation.metrics import (
     GroupExample,
     GroupMetrics,
@@ -404,13 +404,6 @@ def has_participants(run_dir: str | Path | Run) -> bool:
     return run.has("participants")
 
 
-def _text(value: object) -> str | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return None
-    text = str(value).strip()
-    return text or None
-
-
 def load_group_dialogues(run_dir: str | Path | Run,
                          conversations: Sequence[Conversation]) -> list[GroupDialogue] | None:
     """The group dialogues among ``conversations`` (the ok dialogues :func:`load_run` read),
@@ -435,14 +428,15 @@ def load_group_dialogues(run_dir: str | Path | Run,
     wanted = {c.dialogue_id for c in conversations}
     seats: dict[str, list[Participant]] = defaultdict(list)
     for n, r in enumerate(table.to_dict("records")):
-        did, pid = _text(r.get("dialogue_id")), _text(r.get("participant_id"))
+        did, pid = clean_cell(r.get("dialogue_id")), clean_cell(r.get("participant_id"))
         if did is None or pid is None or did not in wanted:
             continue
         position = pd.to_numeric(pd.Series([r.get("position")]), errors="coerce").iloc[0]
-        persona = _text(r.get("persona_id"))
+        persona = clean_cell(r.get("persona_id"))
         role = seat_role(r.get("role"), persona)
         seats[did].append(Participant(pid, int(position) if pd.notna(position) else n, role, persona,
-                                      _text(r.get("backend")), _text(r.get("model")), _text(r.get("level"))))
+                                      clean_cell(r.get("backend")), clean_cell(r.get("model")),
+                                      clean_cell(r.get("level"))))
     turns = run.df("turns", ["dialogue_id", "turn_index", "speaker", "text"])
     turns = turns[turns["dialogue_id"].astype(str).isin(seats)].copy()
     turns["dialogue_id"] = turns["dialogue_id"].astype(str)

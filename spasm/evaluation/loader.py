@@ -22,7 +22,7 @@ import pandas as pd
 from spasm.dataset.reader import Run, open_run
 from spasm.errors import UserError
 
-__all__ = ["Conversation", "RunData", "load_run", "seat_role"]
+__all__ = ["Conversation", "RunData", "clean_cell", "load_run", "seat_role"]
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "dialogues": ("dialogue_id", "persona_id"),
@@ -96,7 +96,8 @@ class RunData:
         return {str(r["persona_id"]): {str(k): v for k, v in r.items()} for r in records}
 
 
-def _clean(value: object) -> str | None:
+def clean_cell(value: object) -> str | None:
+    """A table cell as text: ``None`` for a null, NaN or blank cell, else its stripped string."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None
     text = str(value).strip()
@@ -105,7 +106,7 @@ def _clean(value: object) -> str | None:
 
 def seat_role(role: object, persona_id: str | None) -> str:
     """A seat's side: its stored role, else ``client`` when it holds a persona, else ``responder``."""
-    return (_clean(role) or ("client" if persona_id else "responder")).lower()
+    return (clean_cell(role) or ("client" if persona_id else "responder")).lower()
 
 
 #: A dialogue's seats: participant id (lower case, as speakers are read) -> (id as stored, role, persona).
@@ -123,10 +124,10 @@ def _seats(run: Run, wanted: set[str]) -> dict[str, _Seats]:
     columns: list[str] = [c for c in ("dialogue_id", "participant_id", "role", "persona_id") if c in stored]
     out: dict[str, _Seats] = {}
     for r in run.df("participants", columns).to_dict("records"):
-        did, pid = _clean(r.get("dialogue_id")), _clean(r.get("participant_id"))
+        did, pid = clean_cell(r.get("dialogue_id")), clean_cell(r.get("participant_id"))
         if did is None or pid is None or did not in wanted:
             continue
-        persona = _clean(r.get("persona_id"))
+        persona = clean_cell(r.get("persona_id"))
         out.setdefault(did, {})[pid.lower()] = (pid, seat_role(r.get("role"), persona), persona)
     return out
 
@@ -138,7 +139,7 @@ def _group_fields(group: pd.DataFrame, seats: _Seats) -> dict[str, tuple[Any, ..
     for speaker, role in zip(group["speaker"].tolist(), stored, strict=True):
         pid, seat_side, persona = seats.get(speaker, (speaker, "", None))
         speakers.append(pid)
-        roles.append((_clean(role) or seat_side).lower())
+        roles.append((clean_cell(role) or seat_side).lower())
         personas.append(persona)
     return {"speakers": tuple(speakers), "roles": tuple(roles), "seat_personas": tuple(personas)}
 
