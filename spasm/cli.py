@@ -40,8 +40,9 @@ def _add_generate(sub: Any) -> None:
                    help="personas from a CSV, JSONL or Parquet file or a datasets directory "
                    "(every row unless --personas N)")
     p.add_argument("--conversations-per-persona", type=int, metavar="K")
-    p.add_argument("--condition", choices=["ecp", "concat", "quoted", "both", "all"],
-                   help="both: ecp and concat; all: ecp, concat and quoted")
+    p.add_argument("--condition", metavar="CONDITION",
+                   help="ecp, concat, quoted or a plugin's projection; both: ecp and concat; "
+                   "all: ecp, concat and quoted")
     p.add_argument("--seed", type=int)
     p.add_argument("--name", help="run name (default from the config)")
     q = p.add_argument_group("quick start: one OpenAI-compatible endpoint for every role")
@@ -167,8 +168,7 @@ def resolve_config(args: argparse.Namespace) -> Any:
     if args.conversations_per_persona is not None:
         data["conversations_per_persona"] = args.conversations_per_persona
     if args.condition:
-        data["conditions"] = {"both": ["ecp", "concat"], "all": ["ecp", "concat", "quoted"]}.get(
-            args.condition, [args.condition])
+        data["conditions"] = _conditions(args.condition)
     if args.seed is not None:
         data["seed"] = args.seed
     if args.name:
@@ -181,6 +181,20 @@ def resolve_config(args: argparse.Namespace) -> Any:
         return parse_config(data, f"{source} (with command-line options)")
     except ConfigError as exc:
         raise ConfigError(_name_flags(str(exc), args)) from None
+
+
+def _conditions(flag: str) -> list[str]:
+    """What ``--condition`` names: one projection (a built-in's or a plugin's: the registry
+    knows both), ``both`` (ECP and CONCAT) or ``all`` (every built-in condition)."""
+    from spasm.registry import BUILTIN_CONDITIONS, PROJECTIONS, ordered_conditions
+
+    shorthands = {"both": list(BUILTIN_CONDITIONS[:2]), "all": list(BUILTIN_CONDITIONS)}
+    if flag in shorthands:
+        return shorthands[flag]
+    if flag not in PROJECTIONS:
+        raise UserError(f"--condition {flag}: no such projection; choose one of "
+                        f"{', '.join([*ordered_conditions(PROJECTIONS.names()), 'both', 'all'])}")
+    return [flag]
 
 
 #: Config fields that command-line flags set, so errors name the flag the user typed.

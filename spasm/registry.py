@@ -13,10 +13,19 @@ the first look-up of a name that is not known yet loads the installed plugins
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
-__all__ = ["BACKENDS", "DETECTORS", "NEXT_SPEAKERS", "PROJECTIONS", "Registry"]
+__all__ = [
+    "BACKENDS",
+    "BUILTIN_CONDITIONS",
+    "DETECTORS",
+    "NEXT_SPEAKERS",
+    "PROJECTIONS",
+    "Registry",
+    "condition_rank",
+    "ordered_conditions",
+]
 
 T = TypeVar("T")
 
@@ -86,11 +95,26 @@ BACKENDS: Registry[Callable[..., object]] = Registry(
 DETECTORS: Registry[Callable[..., object]] = Registry(
     "termination detector", {"rules": "spasm.termination", "judge": "spasm.termination"}
 )
+#: The built-in conditions, in reporting order: every table, figure and list of conditions
+#: puts ECP first, then CONCAT, then QUOTED (:func:`condition_rank`).
+BUILTIN_CONDITIONS: tuple[str, ...] = ("ecp", "concat", "quoted")
 #: Projections Ψ by condition name (:mod:`spasm.projection`).
 PROJECTIONS: Registry[Callable[..., object]] = Registry(
-    "projection",
-    {"ecp": "spasm.projection", "concat": "spasm.projection", "quoted": "spasm.projection"},
+    "projection", {name: "spasm.projection" for name in BUILTIN_CONDITIONS}
 )
+
+
+def condition_rank(condition: str) -> tuple[int, str]:
+    """The sort key of a condition: the built-in ones in :data:`BUILTIN_CONDITIONS` order, then
+    any other (a plugin's projection) by name. Every ordering of conditions uses it, so a plugin
+    condition sorts the same in every table and figure (tests/test_plugins.py)."""
+    known = BUILTIN_CONDITIONS.index(condition) if condition in BUILTIN_CONDITIONS else None
+    return (len(BUILTIN_CONDITIONS) if known is None else known, condition)
+
+
+def ordered_conditions(conditions: Iterable[str]) -> list[str]:
+    """``conditions`` without repeats, in reporting order (:func:`condition_rank`)."""
+    return sorted(set(conditions), key=condition_rank)
 #: Next-speaker policies of group dialogues by name (:mod:`spasm.turn_order`): ``group.next_speaker``.
 NEXT_SPEAKERS: Registry[Callable[..., object]] = Registry(
     "next-speaker policy",

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import spasm.plugins
-from spasm.cli import main
+from spasm.cli import build_parser, main, resolve_config
 from spasm.config import parse_config
 from spasm.dataset import open_run
 from spasm.engine import Engine
@@ -24,7 +24,7 @@ from spasm.errors import ConfigError
 from spasm.export import scans
 from spasm.export.qa import scan_run
 from spasm.plugins import PluginError, load_plugins
-from spasm.registry import BACKENDS, DETECTORS, PROJECTIONS
+from spasm.registry import BACKENDS, DETECTORS, PROJECTIONS, condition_rank, ordered_conditions
 from spasm.testing import TestServer
 from tests.conftest import config_from, endpoint_config
 
@@ -154,6 +154,26 @@ def test_the_cli_loads_the_plugins_at_start(demo: Path, tmp_path: Path,
                                                      termination={"detectors": ["six"]})))
     assert main(["generate", "--config", str(config), "--dry-run"]) == 0, capsys.readouterr().err
     assert spasm.plugins.loaded_plugins() == ["demo", "demo_scan"]
+
+
+def test_a_plugin_condition_is_named_on_the_command_line_and_sorts_after_the_built_ins(
+        demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(endpoint_config("http://127.0.0.1:9/v1")))
+    argv = ["generate", "--config", str(config), "--condition", "mirror", "--dry-run"]
+    assert resolve_config(build_parser().parse_args(argv)).conditions == ["mirror"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert main(["generate", "--config", str(config), "--condition", "nope", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--condition nope: no such projection; choose one of ecp, concat, quoted, mirror, both, all" in err
+    sample = Path(__file__).parent / "data" / "spasm_release_sample.jsonl"
+    assert main(["import", str(sample), "--out", str(tmp_path / "imported"), "--condition", "mirror"]) == 0
+    imported = pd.read_parquet(tmp_path / "imported" / "dialogues.parquet")
+    assert set(imported.condition) <= {"mirror", "ecp", "concat"} and "mirror" in set(imported.condition)
+    # One order of conditions everywhere: the built-in ones first, then a plugin's by name.
+    assert ordered_conditions(["mirror", "quoted", "concat", "aardvark", "ecp"]) == [
+        "ecp", "concat", "quoted", "aardvark", "mirror"]
+    assert sorted(["mirror", "quoted"], key=condition_rank) == ["quoted", "mirror"]
 
 
 BROKEN = [

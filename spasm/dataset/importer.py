@@ -40,6 +40,7 @@ from spasm.dataset.outputs import check_output, finish_replacement
 from spasm.dataset.rows import SCHEMA_VERSION, DialogueRow, TurnRow
 from spasm.dataset.store import write_finished_run
 from spasm.errors import UserError
+from spasm.registry import PROJECTIONS, ordered_conditions
 
 __all__ = ["FIELD_ALIASES", "export_spasm_jsonl", "import_spasm_jsonl", "persona_columns"]
 
@@ -202,8 +203,9 @@ def import_spasm_jsonl(
     if not src.is_file():
         raise UserError(f"{src} does not exist; pass the path of a SPASM release .jsonl file.")
     condition = condition.lower()
-    if condition not in ("ecp", "concat"):
-        raise UserError(f"Unknown condition {condition!r}; use --condition ecp or concat.")
+    if condition not in PROJECTIONS:  # a built-in condition or a plugin's projection
+        raise UserError(f"Unknown condition {condition!r}; use --condition with one of: "
+                        f"{', '.join(ordered_conditions(PROJECTIONS.names()))}.")
     _check_target(out, overwrite)
     schema = load_schema(None)
     columns, integer = schema.field_names, schema.integer_fields()

@@ -160,9 +160,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--out", metavar="DIR", required=True, help="run directory to create")
     p.add_argument(
         "--condition",
-        metavar="ecp|concat",
+        metavar="CONDITION",
         default="ecp",
-        help="condition for records without one: ecp (default) or concat",
+        help="condition for records without one: ecp (default), concat, quoted or a plugin's",
     )
     p.add_argument(
         "--pairing",

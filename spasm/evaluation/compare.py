@@ -16,7 +16,6 @@ ECP-vs-CONCAT drift and per-pairing tables.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from spasm.errors import UserError
 from spasm.evaluation.metrics import GoalMetrics, GroupMetrics, Metrics
 from spasm.evaluation.realism import REALISM_METRICS
 from spasm.evaluation.stats import cohen_dz_interval, holm, mean_ci, paired_test
+from spasm.registry import ordered_conditions
 
 __all__ = [
     "COMPARED_METRICS",
@@ -162,10 +162,6 @@ def _finite(x: object) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _ordered(conditions: Sequence[str]) -> list[str]:
-    return sorted(set(conditions), key=lambda c: ({"ecp": 0, "concat": 1, "quoted": 2}.get(c, 3), c))
-
-
 def _groups(metrics: Metrics | None) -> list[GroupLevel]:
     if metrics is None:
         return []
@@ -210,7 +206,7 @@ def compare_conditions(
         UserError: ``baseline`` is not a condition of the run.
     """
     frame = per_dialogue.copy()
-    conditions = _ordered(frame["condition"].astype(str).tolist()) if "condition" in frame else []
+    conditions = ordered_conditions(frame["condition"].astype(str).tolist()) if "condition" in frame else []
     if baseline is not None and baseline not in conditions:
         raise UserError(
             f"--baseline {baseline!r} is not a condition of this run; it has: "

@@ -36,6 +36,7 @@ from spasm.evaluation.llm import PROBE_ROLE, EvalSession
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import ConditionSummary, DriftPoint, PairedComparison
 from spasm.evaluation.stats import mean_ci, paired_test
+from spasm.registry import condition_rank
 
 __all__ = [
     "PERSONA_DIMENSIONS",
@@ -77,13 +78,12 @@ def references(mode: Literal["cheap", "probe"]) -> dict[str, str]:
 
 
 _DIM_RANK = {UTTERANCE_DIMENSION: 0, **{d: i + 1 for i, d in enumerate(PERSONA_DIMENSIONS)}}
-_CONDITION_RANK = {"ecp": 0, "concat": 1, "quoted": 2}
 
 
 def _order(key: tuple[object, ...]) -> tuple[object, ...]:
     """Sort key: dimensions in reporting order, then ECP before CONCAT, then the rest."""
     dim = str(key[0])
-    rest = tuple((_CONDITION_RANK.get(str(k), 2), k) if isinstance(k, str) else (0, k) for k in key[1:])
+    rest = tuple(condition_rank(k) if isinstance(k, str) else (0, k) for k in key[1:])
     return (_DIM_RANK.get(dim, 9), dim, *rest)
 
 

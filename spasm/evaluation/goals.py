@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import GoalMetrics, GoalRate
 from spasm.evaluation.stats import wilson_interval
+from spasm.registry import condition_rank
 
 __all__ = ["goal_metrics"]
 
-_RANK = {"ecp": 0, "concat": 1, "quoted": 2}
 
 
 def _finite(x: float) -> float | None:
@@ -39,7 +39,7 @@ def goal_metrics(conversations: Sequence[Conversation]) -> GoalMetrics | None:
     rates = []
     for (pairing, condition, scenario), values in sorted(
         groups.items(), key=lambda kv: (kv[0][2] != "all", kv[0][2], kv[0][0] != "all", kv[0][0],
-                                        _RANK.get(kv[0][1], 3), kv[0][1])
+                                        *condition_rank(kv[0][1]))
     ):
         decided = [v for v in values if v is not None]
         met = sum(decided)

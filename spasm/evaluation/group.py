@@ -66,6 +66,7 @@ from spasm.evaluation.metrics import (
     GroupStat,
 )
 from spasm.evaluation.stats import mean_ci, wilson_interval
+from spasm.registry import condition_rank
 
 __all__ = [
     "DRIFT_DIMENSIONS",
@@ -599,11 +600,10 @@ _MEAN_COLUMNS = {
     "loop_longest": "group_loop_longest",
     **{f"drift_{dim}": f"group_drift_{dim}" for dim in DRIFT_DIMENSIONS},
 }
-_RANK = {"ecp": 0, "concat": 1, "quoted": 2}
 
 
 def _conditions(frame: pd.DataFrame) -> list[str]:
-    return sorted(set(frame["condition"].astype(str)), key=lambda c: (_RANK.get(c, 3), c))
+    return sorted(set(frame["condition"].astype(str)), key=condition_rank)
 
 
 def _aggregate(dialogues: pd.DataFrame, people: pd.DataFrame, examples: list[GroupExample],
@@ -634,7 +634,7 @@ def _aggregate(dialogues: pd.DataFrame, people: pd.DataFrame, examples: list[Gro
             silences=int(rows["silences"].sum()), echo_max=_finite(_mean(list(rows["echo_max"]))),
             drift_utterance=_finite(drift[0]),
         ))
-    by_participant.sort(key=lambda s: (_RANK.get(s.condition, 3), s.condition, s.participant_id))
+    by_participant.sort(key=lambda s: (*condition_rank(s.condition), s.participant_id))
     order = {"impersonation": 0, "echo": 1, "silence": 2, "loop": 3}
     examples = sorted(examples, key=lambda e: (order[e.kind], -(e.score or 0), e.dialogue_id,
                                                e.turn_index or 0))

@@ -41,17 +41,8 @@ from spasm.evaluation.report_group import (
     group_only,
     has_group,
 )
-from spasm.evaluation.report_parts import (
-    _CONDITION_RANK,
-    _ci,
-    _colour,
-    _empty,
-    _fmt,
-    _or,
-    _ordered,
-    _png,
-    _table,
-)
+from spasm.evaluation.report_parts import _ci, _colour, _empty, _fmt, _or, _png, _table
+from spasm.registry import condition_rank, ordered_conditions
 
 if TYPE_CHECKING:
     from spasm.evaluation.compare import Comparison
@@ -74,7 +65,7 @@ def figure_drift(metrics: Metrics) -> Figure:
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.4 * rows), squeeze=False)
     extra: list[str] = []
     for ax, dim in zip(axes.flat, dims, strict=False):
-        conditions = _ordered(p.condition for p in points if p.dimension == dim)
+        conditions = ordered_conditions(p.condition for p in points if p.dimension == dim)
         for cond in conditions:
             pts = sorted(
                 (p for p in points if p.dimension == dim and p.condition == cond),
@@ -115,7 +106,7 @@ def figure_map(metrics: Metrics, per_dialogue: pd.DataFrame) -> Figure:
     df = per_dialogue.dropna(subset=["pca_x", "pca_y"])
     groups = sorted(
         {(str(p), str(c)) for p, c in zip(df["pairing"], df["condition"], strict=True)},
-        key=lambda g: (g[0], _CONDITION_RANK.get(g[1], 2), g[1]),
+        key=lambda g: (g[0], *condition_rank(g[1])),
     )
     if not groups:
         return _empty("No conversation embeddings to map.")
@@ -213,7 +204,7 @@ def figure_echo(metrics: Metrics) -> Figure:
     if not rates:
         return _empty("No conversations to judge for echoing.")
     pairings = sorted({r.pairing for r in rates})
-    conditions = _ordered(r.condition for r in rates)
+    conditions = ordered_conditions(r.condition for r in rates)
     width = 0.8 / len(conditions)
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(pairings) + 2), 4))
     extra: list[str] = []

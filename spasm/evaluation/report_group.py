@@ -26,8 +26,9 @@ from matplotlib.figure import Figure
 
 from spasm.evaluation.figures import ReportFigure
 from spasm.evaluation.metrics import GroupRate, Metrics
-from spasm.evaluation.report_parts import _ci, _colour, _empty, _fmt, _or, _ordered, _png, _table
+from spasm.evaluation.report_parts import _ci, _colour, _empty, _fmt, _or, _png, _table
 from spasm.evaluation.stats import mean_ci, wilson_interval
+from spasm.registry import ordered_conditions
 
 __all__ = [
     "GROUP_ONLY",
@@ -116,7 +117,7 @@ def figure_group_rates(metrics: Metrics) -> Figure:
     rates = [r for r in (g.rates if g else []) if r.condition != "all" and r.rate is not None]
     if g is None or not rates:
         return _empty("No group dialogue to measure.")
-    conditions = _ordered(r.condition for r in rates)
+    conditions = ordered_conditions(r.condition for r in rates)
     by_rate: dict[tuple[str, str], GroupRate] = {(r.metric, r.condition): r for r in rates}
     by_stat = {(s.metric, s.condition): s for s in g.stats}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [4, 3]})
@@ -180,7 +181,7 @@ def group_pair_table(frames: GroupFrames) -> list[PairCell]:
         r_low, r_high = wilson_interval(k, n)
         cells.append(PairCell(str(cond), str(who), str(source), n, mean, low, high, k, r_low, r_high))
     seat = {p: i for i, p in enumerate(_seat_order(frames))}
-    rank = {c: i for i, c in enumerate(_ordered(c.condition for c in cells))}
+    rank = {c: i for i, c in enumerate(ordered_conditions(c.condition for c in cells))}
     return sorted(cells, key=lambda c: (rank[c.condition], seat.get(c.participant_id, len(seat)),
                                         seat.get(c.source_id, len(seat)), c.participant_id, c.source_id))
 
@@ -194,7 +195,7 @@ def figure_group_echo(frames: GroupFrames | None) -> Figure:
     if not table:
         return _empty("No pairwise echo: no group dialogue has two participants.")
     ids = _seat_order(frames)
-    conditions = _ordered(c.condition for c in table)
+    conditions = ordered_conditions(c.condition for c in table)
     cols = min(3, len(conditions))
     rows = math.ceil(len(conditions) / cols)
     side = max(3.2, 0.75 * len(ids) + 1.6)
@@ -272,7 +273,7 @@ def figure_group_drift(frames: GroupFrames | None) -> Figure:
         return _empty("No drift per client seat: no client seat spoke twice.")
     dims = [d for d in _SEAT_DIMENSIONS if any(c.dimension == d for c in table)]
     seats = [p for p in _seat_order(frames) if any(c.participant_id == p for c in table)]
-    conditions = _ordered(c.condition for c in table)
+    conditions = ordered_conditions(c.condition for c in table)
     cols = 2 if len(dims) > 1 else 1
     rows = math.ceil(len(dims) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 1.1 * len(seats) + 3) * cols, 3.4 * rows),

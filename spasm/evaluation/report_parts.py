@@ -2,7 +2,7 @@
 
 :mod:`spasm.evaluation.report` (the two-party figures and the page) and
 :mod:`spasm.evaluation.report_group` (the group section) both draw with these: condition
-colours and order, a figure to PNG, a placeholder figure, number formatting and the HTML
+colours, a figure to PNG, a placeholder figure, number formatting and the HTML
 tables. A module of its own so that neither report module imports the other's internals and
 the two never form a cycle; not an API (the names stay private to the report).
 """
@@ -31,14 +31,6 @@ def _colour(condition: str, seen: list[str]) -> str:
     if condition not in seen:
         seen.append(condition)
     return _EXTRA_COLOURS[seen.index(condition) % len(_EXTRA_COLOURS)]
-
-
-_CONDITION_RANK = {"ecp": 0, "concat": 1, "quoted": 2}
-
-
-def _ordered(conditions: Iterable[str]) -> list[str]:
-    """ECP first, then CONCAT, then QUOTED, then anything else alphabetically."""
-    return sorted(set(conditions), key=lambda c: (_CONDITION_RANK.get(c, 3), c))
 
 
 def _png(fig: Figure) -> bytes:

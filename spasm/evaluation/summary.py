@@ -14,6 +14,7 @@ from spasm.evaluation.echoing import EchoVerdict
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import EchoExample, EchoRate
 from spasm.evaluation.stats import wilson_interval
+from spasm.registry import condition_rank
 
 __all__ = ["echo_examples", "echo_rate", "echo_rates", "finite", "group_key", "kappa"]
 
@@ -24,9 +25,10 @@ def finite(value: float | None) -> float | None:
 
 
 def group_key(item: tuple[tuple[str, str], object]) -> tuple[str, int, str]:
-    """Sort key of a ``((pairing, condition), ...)`` item: pairing, then ECP before CONCAT."""
+    """Sort key of a ``((pairing, condition), ...)`` item: pairing, then the condition in
+    reporting order (:func:`spasm.registry.condition_rank`)."""
     (pairing, condition), _ = item
-    return (pairing, {"ecp": 0, "concat": 1}.get(condition, 2), condition)
+    return (pairing, *condition_rank(condition))
 
 
 def echo_rate(
