@@ -9,7 +9,12 @@ A plugin declares one entry point or more in its package metadata::
 
 and registers with the decorators spasm uses itself: :func:`spasm.backends.register_backend`,
 :func:`spasm.projection.register_projection`, :func:`spasm.termination.register_detector` and
-:func:`spasm.export.register_scan`. The plugins are loaded once per process, at the CLI's start,
+:func:`spasm.export.register_scan`. A plugin never replaces a name silently: registering a
+built-in name (the ``openai`` backend, the ``ecp`` projection ...) is refused unless the plugin
+passes ``replace=True`` (then spasm warns on every run that loads it), and two plugins that
+register the same name are refused whatever they pass. Every loaded plugin (entry point,
+distribution, version, what it replaced) is recorded in the run's manifest
+(:func:`plugin_records`). The plugins are loaded once per process, at the CLI's start,
 when an :class:`~spasm.engine.Engine` is made, and on the first look-up of a name no built-in
 has (so a config may name a plugin's backend kind, condition or detector). A plugin that fails
 to load is a :class:`~spasm.errors.UserError` naming its entry point and distribution (exit 2),
@@ -23,12 +28,15 @@ from __future__ import annotations
 
 import threading
 import traceback
+from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
+from typing import Any
 
 from spasm.errors import UserError
 
-__all__ = ["GROUP", "PluginError", "load_plugins", "loaded_plugins"]
+__all__ = ["GROUP", "PluginError", "load_plugins", "loaded_plugins", "loading_plugin",
+           "plugin_records"]
 
 #: The entry-point group spasm reads plugins from.
 GROUP = "spasm.plugins"
@@ -38,11 +46,41 @@ class PluginError(UserError):
     """An installed plugin failed to load (its import or its registration raised)."""
 
 
+@dataclass
+class Plugin:
+    """One entry point being loaded or loaded: what the manifest records of it."""
+
+    name: str
+    value: str
+    distribution: str | None
+    version: str | None
+    #: What it replaced on purpose (``replace=True``), as "backend kind 'openai'".
+    replaces: list[str] = field(default_factory=list)
+
+    @property
+    def owner(self) -> str:
+        """Who owns the names it registers: its distribution (so the entry points of one
+        distribution may share names), or the entry point when it has none."""
+        return self.distribution or f"entry point {self.name!r}"
+
+    @property
+    def label(self) -> str:
+        """The plugin as messages name it."""
+        dist = f" (distribution {self.distribution})" if self.distribution else ""
+        return f"spasm plugin {self.name!r} = {self.value!r}{dist}"
+
+    def record(self) -> dict[str, Any]:
+        return {"entry_point": self.name, "value": self.value, "distribution": self.distribution,
+                "version": self.version, "replaces": list(self.replaces)}
+
+
 _lock = threading.RLock()
-#: Entry points loaded so far, as ``name = value`` (each is loaded once per process).
-_loaded: dict[str, str] = {}
+#: Entry points loaded so far, by ``name = value`` (each is loaded once per process).
+_loaded: dict[str, Plugin] = {}
 _scanned = False
 _loading = False
+#: The plugin whose import or ``register()`` is running now (its registrations are its own).
+_current: Plugin | None = None
 
 
 def _where(exc: BaseException) -> str:
@@ -51,11 +89,11 @@ def _where(exc: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-def _load_one(ep: metadata.EntryPoint) -> None:
-    dist = getattr(ep, "dist", None)
-    name = dist.name if dist is not None and dist.name else None
-    what = f"spasm plugin {ep.name!r} = {ep.value!r}" + (f" (distribution {name})" if name else "")
+def _load_one(ep: metadata.EntryPoint, plugin: Plugin) -> None:
+    global _current
+    name, what = plugin.distribution, plugin.label
     fix = f" Fix the plugin or uninstall it (pip uninstall {name})." if name else ""
+    _current = plugin
     try:
         obj = ep.load()
         if not isinstance(obj, ModuleType):
@@ -71,6 +109,21 @@ def _load_one(ep: metadata.EntryPoint) -> None:
     except Exception as exc:  # a plugin's bug is the plugin's: name it, not spasm's frames
         raise PluginError(f"{what} failed to load: {type(exc).__name__}: {exc}{_where(exc)}.{fix}"
                           ) from exc
+    finally:
+        _current = None
+
+
+def _plugin(ep: metadata.EntryPoint) -> Plugin:
+    dist = getattr(ep, "dist", None)
+    name = dist.name if dist is not None and dist.name else None
+    version = dist.version if dist is not None and name else None
+    return Plugin(ep.name, ep.value, name, version)
+
+
+def loading_plugin() -> Plugin | None:
+    """The plugin being loaded now, or ``None`` (spasm's own registrations, a test's, a
+    script's): the registries ask, to refuse a plugin that shadows a name silently."""
+    return _current
 
 
 def load_plugins(*, rescan: bool = False) -> list[str]:
@@ -81,22 +134,30 @@ def load_plugins(*, rescan: bool = False) -> list[str]:
     global _scanned, _loading
     with _lock:
         if _loading or (_scanned and not rescan):
-            return sorted(_loaded.values())
+            return sorted(p.name for p in _loaded.values())
         _loading = True
         try:
             for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: (e.name, e.value)):
                 key = f"{ep.name} = {ep.value}"
                 if key in _loaded:
                     continue
-                _load_one(ep)
-                _loaded[key] = ep.name
+                plugin = _plugin(ep)
+                _load_one(ep, plugin)
+                _loaded[key] = plugin
             _scanned = True  # only once every plugin loaded: a broken one fails each look-up
         finally:
             _loading = False
-        return sorted(_loaded.values())
+        return sorted(p.name for p in _loaded.values())
 
 
 def loaded_plugins() -> list[str]:
-    """The names of the plugins loaded so far (for messages and manifests)."""
+    """The names of the plugins loaded so far (for messages)."""
     with _lock:
-        return sorted(_loaded.values())
+        return sorted(p.name for p in _loaded.values())
+
+
+def plugin_records() -> list[dict[str, Any]]:
+    """Every plugin loaded so far, as the manifest records it (entry point, value,
+    distribution, version, what it replaced), sorted by entry point."""
+    with _lock:
+        return [p.record() for p in sorted(_loaded.values(), key=lambda p: (p.name, p.value))]

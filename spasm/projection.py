@@ -86,12 +86,13 @@ def messages_digest(messages: list[Message]) -> str:
 Projection = Callable[[History, Viewer], list[Message]]
 
 
-def register_projection(name: str) -> Callable[[Projection], Projection]:
+def register_projection(name: str, *, replace: bool = False) -> Callable[[Projection], Projection]:
     """Register a projection under ``name`` (decorator; the names live in
-    :data:`spasm.registry.PROJECTIONS`, where the config checks them)."""
+    :data:`spasm.registry.PROJECTIONS`, where the config checks them; a plugin replaces a
+    built-in only with ``replace=True``)."""
 
     def decorator(fn: Projection) -> Projection:
-        PROJECTIONS.register(name)(fn)
+        PROJECTIONS.register(name, replace=replace)(fn)
         return fn
 
     return decorator

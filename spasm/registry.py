@@ -8,11 +8,19 @@ that only *check* a name (the config) never import the layers that implement it,
 importing this module stays cheap. Plugins register the same way, with the same decorators:
 the first look-up of a name that is not known yet loads the installed plugins
 (:func:`spasm.plugins.load_plugins`, once), so a config may name what a plugin registers.
+
+A plugin never shadows a name silently: while a plugin loads, registering a name spasm
+already has (a built-in, or one spasm's own modules registered) is refused unless the plugin
+passes ``replace=True`` (then the built-in is imported first, the plugin's replaces it, and
+spasm warns and records the replacement in the manifest), and a name another plugin
+registered is refused whatever it passes. Registrations made outside a plugin (spasm's own,
+a test's, a script's) replace as before.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
@@ -38,15 +46,53 @@ class Registry(Generic[T]):
         #: Built-in name → the module that registers it on import.
         self._builtins = dict(builtins or {})
         self._entries: dict[str, T] = {}
+        #: Name → the plugin (its distribution) that registered it; spasm's own are absent.
+        self._owners: dict[str, str] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Register an implementation under ``name`` (a decorator); a later one replaces it."""
+    def register(self, name: str, *, replace: bool = False) -> Callable[[T], T]:
+        """Register an implementation under ``name`` (a decorator); a later one replaces it,
+        but a plugin replaces one of spasm's names only with ``replace=True`` and never
+        another plugin's (see the module's docstring)."""
 
         def decorate(impl: T) -> T:
+            module = str(getattr(impl, "__module__", None) or "")
+            if module != "spasm" and not module.startswith("spasm."):
+                self._claim(name, replace)  # (spasm's own modules may load during a plugin's)
             self._entries[name] = impl
             return impl
 
         return decorate
+
+    def _claim(self, name: str, replace: bool) -> None:
+        """Refuse a plugin's silent shadowing of ``name``; note an explicit one."""
+        from spasm.plugins import PluginError, loading_plugin
+
+        plugin = loading_plugin()
+        if plugin is None:
+            return  # spasm's own registration, a test's or a script's: replaces as before
+        owner = self._owners.get(name)
+        if owner == plugin.owner:
+            return  # the same distribution again (another of its entry points)
+        if owner is not None:
+            raise PluginError(
+                f"{plugin.label} registers the {self.what} {name!r}, which the plugin {owner} "
+                f"registered already: two plugins cannot share a name (the last loaded would win "
+                f"silently). Uninstall one of them (pip uninstall {plugin.distribution or owner}), "
+                "or rename the name in one.")
+        if name in self._builtins or name in self._entries:
+            if not replace:
+                raise PluginError(
+                    f"{plugin.label} registers the {self.what} {name!r}, which spasm already has: "
+                    "a plugin does not replace a built-in silently. Register it under another "
+                    "name, or pass replace=True to the register decorator if replacing it is the "
+                    "point (spasm then warns on every run and records it in the manifest).")
+            if name in self._builtins:
+                importlib.import_module(self._builtins[name])  # its own first, then the plugin's
+            plugin.replaces.append(f"{self.what} {name!r}")
+            logging.getLogger("spasm").warning(
+                "%s replaces spasm's %s %r (replace=True): runs use the plugin's, and the "
+                "manifest records it.", plugin.label, self.what, name)
+        self._owners[name] = plugin.owner
 
     def names(self) -> list[str]:
         """Every known name (built-in, registered or from a plugin), sorted; imports no
@@ -75,6 +121,7 @@ class Registry(Generic[T]):
         """Forget a registered ``name`` (tests and plugins that replace a built-in); a built-in
         name stays known."""
         self._entries.pop(name, None)
+        self._owners.pop(name, None)
 
 
 def _load_plugins() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spasm.dataset.rows import SCHEMA_VERSION
+from spasm.plugins import plugin_records
 from spasm.tokens import counter_source
 
 if TYPE_CHECKING:
@@ -202,5 +203,7 @@ def manifest_record(
             **{p: _version(p) for p in ("openai", "pyarrow", "pydantic", "llama-cpp-python")},
         },
         "token_counter": counter_source(),
+        # Every plugin this process loaded (what it registered may have made the rows).
+        "plugins": plugin_records(),
         "tables": list(tables),
     }

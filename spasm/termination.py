@@ -220,12 +220,14 @@ class DetectorSetup:
 DetectorFactory = Callable[[DetectorSetup], Detector]
 
 
-def register_detector(name: str) -> Callable[[DetectorFactory], DetectorFactory]:
+def register_detector(name: str, *, replace: bool = False
+                      ) -> Callable[[DetectorFactory], DetectorFactory]:
     """Register a detector factory under ``name`` (decorator; the names live in
-    :data:`spasm.registry.DETECTORS`, where the config checks ``termination.detectors``)."""
+    :data:`spasm.registry.DETECTORS`, where the config checks ``termination.detectors``; a
+    plugin replaces a built-in only with ``replace=True``)."""
 
     def decorator(factory: DetectorFactory) -> DetectorFactory:
-        DETECTORS.register(name)(factory)
+        DETECTORS.register(name, replace=replace)(factory)
         return factory
 
     return decorator

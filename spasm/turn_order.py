@@ -79,11 +79,13 @@ class NextSpeaker(Protocol):
 NextSpeakerFactory = Callable[[TurnOrderSetup], NextSpeaker]
 
 
-def register_next_speaker(name: str) -> Callable[[NextSpeakerFactory], NextSpeakerFactory]:
-    """Register a policy factory under ``name`` (decorator; ``group.next_speaker`` names it)."""
+def register_next_speaker(name: str, *, replace: bool = False
+                          ) -> Callable[[NextSpeakerFactory], NextSpeakerFactory]:
+    """Register a policy factory under ``name`` (decorator; ``group.next_speaker`` names it; a
+    plugin replaces a built-in only with ``replace=True``)."""
 
     def decorator(factory: NextSpeakerFactory) -> NextSpeakerFactory:
-        NEXT_SPEAKERS.register(name)(factory)
+        NEXT_SPEAKERS.register(name, replace=replace)(factory)
         return factory
 
     return decorator

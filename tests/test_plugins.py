@@ -24,7 +24,14 @@ from spasm.errors import ConfigError
 from spasm.export import scans
 from spasm.export.qa import scan_run
 from spasm.plugins import PluginError, load_plugins
-from spasm.registry import BACKENDS, DETECTORS, PROJECTIONS, condition_rank, ordered_conditions
+from spasm.registry import (
+    BACKENDS,
+    DETECTORS,
+    NEXT_SPEAKERS,
+    PROJECTIONS,
+    condition_rank,
+    ordered_conditions,
+)
 from spasm.testing import TestServer
 from tests.conftest import config_from, endpoint_config
 
@@ -92,8 +99,11 @@ def install(site: Path, dist: str, module: str, source: str, entry_points: str) 
 def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Registries and the plugin loader as they are now, restored afterwards (so a plugin's
     names never leak into other tests)."""
-    for registry in (BACKENDS, PROJECTIONS, DETECTORS):
+    for registry in (BACKENDS, PROJECTIONS, DETECTORS, NEXT_SPEAKERS):
+        for name in registry._builtins:  # imported now, so a plugin's replace=True (which
+            registry.get(name)           # imports the built-in first) registers into the copy
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+        monkeypatch.setattr(registry, "_owners", dict(registry._owners))
     monkeypatch.setattr(scans, "_SCANS", dict(scans._SCANS))
     monkeypatch.setattr(spasm.plugins, "_loaded", {})
     monkeypatch.setattr(spasm.plugins, "_scanned", False)
@@ -216,3 +226,96 @@ def test_configs_written_before_detectors_and_python_backends_keep_their_fingerp
     endpoint = {"backends": {"srv": {"kind": "openai", "base_url": "http://h/v1", "model": "m"}},
                 "pairings": [{"client": "srv", "responder": "srv"}], "termination": {"judge": True}}
     assert parse_config(endpoint).fingerprint() == "89bd4be3e08b5094"
+
+
+# A plugin that names what spasm already has: each registry's built-in, one per decorator.
+SHADOWS = [
+    ("from spasm.backends import register_backend\n"
+     "@register_backend('openai'{flag})\nclass Fake:\n    pass\n", "backend kind 'openai'"),
+    ("from spasm.backends import register_backend\n"
+     "@register_backend('embedded'{flag})\nclass Fake:\n    pass\n", "backend kind 'embedded'"),
+    ("from spasm.projection import ecp, register_projection\n"
+     "@register_projection('ecp'{flag})\ndef mine(history, viewer):\n    return ecp(history, viewer)\n",
+     "projection 'ecp'"),
+    ("from spasm.termination import register_detector\n"
+     "@register_detector('rules'{flag})\ndef mine(setup):\n    return None\n",
+     "termination detector 'rules'"),
+    ("from spasm.turn_order import register_next_speaker\n"
+     "@register_next_speaker('round_robin'{flag})\ndef mine(setup):\n    return None\n",
+     "next-speaker policy 'round_robin'"),
+]
+
+
+@pytest.mark.parametrize("source, what", SHADOWS)
+def test_a_plugin_that_shadows_a_built_in_silently_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None,
+        capsys: pytest.CaptureFixture[str], source: str, what: str) -> None:
+    site = tmp_path / "site"
+    install(site, "spasm-demo-shadow", "spasm_demo_shadow", source.format(flag=""),
+            "shadow = spasm_demo_shadow")
+    monkeypatch.syspath_prepend(str(site))
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(endpoint_config("http://127.0.0.1:9/v1")))
+    assert main(["generate", "--config", str(config), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"registers the {what}, which spasm already has" in err, err
+    assert "(distribution spasm-demo-shadow)" in err and "replace=True" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("source, what", SHADOWS)
+def test_a_plugin_replaces_a_built_in_only_when_it_asks_and_spasm_warns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None,
+        caplog: pytest.LogCaptureFixture, source: str, what: str) -> None:
+    site = tmp_path / "site"
+    install(site, "spasm-demo-shadow", "spasm_demo_shadow", source.format(flag=", replace=True"),
+            "shadow = spasm_demo_shadow")
+    monkeypatch.syspath_prepend(str(site))
+    with caplog.at_level("WARNING", logger="spasm"):
+        load_plugins(rescan=True)
+    assert f"replaces spasm's {what}" in caplog.text
+    registry, name = {"backend": (BACKENDS, what.split("'")[1]),
+                      "projection": (PROJECTIONS, "ecp"), "termination": (DETECTORS, "rules"),
+                      "next-speaker": (NEXT_SPEAKERS, "round_robin")}[what.split()[0]]
+    # The plugin's wins, even when the built-in's module is imported only later.
+    assert getattr(registry.get(name), "__module__", None) == "spasm_demo_shadow"
+    assert spasm.plugins.plugin_records() == [
+        {"entry_point": "shadow", "value": "spasm_demo_shadow", "distribution": "spasm-demo-shadow",
+         "version": "0.1", "replaces": [what]}]
+
+
+def test_two_plugins_that_register_the_same_name_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None) -> None:
+    site = tmp_path / "site"
+    source = ("from spasm.projection import ecp, register_projection\n"
+              "@register_projection('mirror', replace=True)\n"
+              "def mine(history, viewer):\n    return ecp(history, viewer)\n")
+    install(site, "spasm-demo-one", "spasm_demo_one", source, "one = spasm_demo_one")
+    install(site, "spasm-demo-two", "spasm_demo_two", source, "two = spasm_demo_two")
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(PluginError, match=r"spasm plugin 'two' = 'spasm_demo_two' \(distribution "
+                       r"spasm-demo-two\) registers the projection 'mirror', which the plugin "
+                       r"spasm-demo-one registered already"):
+        load_plugins(rescan=True)
+
+
+def test_the_manifest_records_every_loaded_plugin(demo: Path, tmp_path: Path) -> None:
+    with TestServer() as srv:
+        data = endpoint_config(srv.base_url, personas={"n": 1}, conditions=["mirror"],
+                               dialogue={"max_turns_per_agent": 2, "max_tokens": 20})
+        config = config_from(data)
+        anyio.run(Engine(config, tmp_path / "run", progress=False, sleep_scale=0.0).run)
+    manifest = open_run(tmp_path / "run").manifest
+    assert manifest["plugins"] == [
+        {"entry_point": name, "value": value, "distribution": "spasm-demo-plugin",
+         "version": "0.1", "replaces": []}
+        for name, value in (("demo", "spasm_demo_plugin"),
+                            ("demo_scan", "spasm_demo_plugin:register"))]
+
+
+def test_a_run_without_plugins_records_an_empty_list(tmp_path: Path, isolated: None) -> None:
+    with TestServer() as srv:
+        config = config_from(endpoint_config(srv.base_url, personas={"n": 1},
+                                             dialogue={"max_turns_per_agent": 1, "max_tokens": 20}))
+        anyio.run(Engine(config, tmp_path / "run", progress=False, sleep_scale=0.0).run)
+    assert open_run(tmp_path / "run").manifest["plugins"] == []

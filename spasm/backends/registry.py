@@ -26,11 +26,12 @@ F = TypeVar("F", bound=Factory)
 
 
 
-def register_backend(kind: str) -> Callable[[F], F]:
-    """Register a backend class (or factory) under ``kind``; a later registration replaces it."""
+def register_backend(kind: str, *, replace: bool = False) -> Callable[[F], F]:
+    """Register a backend class (or factory) under ``kind``; a later registration replaces it
+    (a plugin replaces a built-in kind only with ``replace=True``: :mod:`spasm.registry`)."""
 
     def decorate(factory: F) -> F:
-        BACKENDS.register(kind)(factory)
+        BACKENDS.register(kind, replace=replace)(factory)
         return factory
 
     return decorate
