@@ -46,7 +46,13 @@ from spasm.plugins import load_plugins
 from spasm.run_summary import RunSummary, manifest_record, progress_lines
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
 from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
-from spasm.scenarios import run_scenarios, scenario_changes, scenarios_record
+from spasm.scenarios import (
+    SCENARIO_COLUMN,
+    own_scenario,
+    run_scenarios,
+    scenario_changes,
+    scenarios_record,
+)
 
 __all__ = ["TABLES", "Engine", "RunSummary", "config_differences", "make_backends", "plan"]
 
@@ -258,7 +264,7 @@ class Engine:
                                       source=pc.source is not None)
         existing = self.store.read("personas")
         if existing is not None:
-            return list(existing.to_pylist())
+            return self._said_own_scenarios(list(existing.to_pylist()))
         result = await self._draw_personas(caller)
         if pc.source is not None and result.rejected:
             first = json.loads(result.rejected[0]["reasons"])[0]
@@ -269,7 +275,19 @@ class Engine:
             "personas",
             {"persona_rejections": result.rejected, "calls": result.calls, "personas": mine},
         )
-        return mine
+        return self._said_own_scenarios(mine)
+
+    def _said_own_scenarios(self, personas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Say so when personas name their own scenario in a run that has none (the column
+        then changes nothing); a run with scenarios runs each the one it names (runplan)."""
+        if self.config.scenarios is None:
+            own = sum(1 for p in personas if own_scenario(p) is not None)
+            if own:
+                log.warning("%d of the personas of %s name a scenario (column %r), but the run "
+                            "has no scenarios (scenarios: in the config), so every persona runs "
+                            "without one.", own, self.config.personas.source or self.run_dir,
+                            SCENARIO_COLUMN)
+        return personas
 
     def _own(self, personas: list[dict[str, Any]], caller: Caller) -> list[dict[str, Any]]:
         """A shard keeps its own personas; its manifest records the whole set's digest before
@@ -587,7 +605,8 @@ class Engine:
         read = [f"{personas:,} personas from {cfg.personas.source}"] if chosen is not None else []
         if isinstance(cfg.scenarios, str):
             read.append(f"{count:,} scenarios in {cfg.scenarios}")
-        own = sum(1 for c in chosen or [] if c.fields.get("scenario") not in (None, ""))
+        own = sum(1 for c in chosen or []
+                  if own_scenario({**c.fields, "persona_fields": c.raw}) is not None)
         if scenarios is not None and personas is not None and own and cfg.participants is None:
             # A persona with its own scenario runs that one only: count persona-scenario pairs.
             personas, count = own + (personas - own) * len(scenarios), None

@@ -31,7 +31,7 @@ from spasm.backends import Backend, make_backend
 from spasm.config import PairingConfig, RunConfig
 from spasm.errors import ConfigError, RunError, UserError
 from spasm.runner import DialogueSpec, GroupSeat, GroupSpec
-from spasm.scenarios import Scenario, persona_scenarios, run_scenarios
+from spasm.scenarios import Scenario, own_scenario, persona_scenarios, run_scenarios
 from spasm.seeds import derive_seed
 
 __all__ = [
@@ -157,11 +157,11 @@ def plan_groups(
     seats = config.participants
     scenarios = run_scenarios(config)
     if scenarios is not None:
-        own = next((p for p in personas if p.get("scenario") not in (None, "")), None)
+        own = next((p for p in personas if own_scenario(p) is not None), None)
         if own is not None:
             raise ConfigError(
                 f"persona {own.get('persona_id')!r} names its own scenario "
-                f"({own.get('scenario')!r}), but a group run crosses every group dialogue with "
+                f"({own_scenario(own)!r}), but a group run crosses every group dialogue with "
                 "every scenario (its seats are drawn from all personas): drop the personas' "
                 "scenario column, or run those personas in a two-party run (pairings:), where "
                 "a persona's scenario runs 1:1.")

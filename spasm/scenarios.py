@@ -5,7 +5,7 @@ card), an ``expected_outcome`` (never shown to either agent: only the goal judge
 an optional ``context`` for the Responder (added to its instructions). A run's ``scenarios`` is
 a file (YAML: a list, or ``{scenarios: [...]}``; JSONL: one object a line; CSV: a header row)
 or an inline list in the config. Scenarios are crossed with the personas; a persona with a
-``scenario`` field (personas from a data file) runs only that scenario (1:1).
+``scenario`` field or column (personas from a data file) runs only that scenario (1:1).
 
 Every way a scenario file can be wrong is a :class:`~spasm.errors.ConfigError` naming the file
 and the line (and the field), never a traceback. A definitions module: no model calls.
@@ -17,6 +17,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,10 +30,12 @@ from spasm.config import RunConfig, read_user_text
 from spasm.errors import ConfigError
 
 __all__ = [
+    "SCENARIO_COLUMN",
     "SCENARIO_ID",
     "Scenario",
     "client_card",
     "load_scenarios",
+    "own_scenario",
     "parse_scenarios",
     "persona_scenarios",
     "responder_context",
@@ -202,13 +205,52 @@ def run_scenarios(config: RunConfig) -> list[Scenario] | None:
     return parse_scenarios([(None, dict(s)) for s in source], "config scenarios")
 
 
+#: The column of a persona file (``personas.source``) that names a persona's own scenario
+#: (matched like the schema's fields: case and surrounding spaces do not count).
+SCENARIO_COLUMN = "scenario"
+
+
+def _scenario_id(value: Any) -> str | None:
+    """A cell as a scenario id (``None``: empty or null)."""
+    if value is None:
+        return None
+    if isinstance(value, float) and not isinstance(value, bool):
+        if math.isnan(value):
+            return None  # a null cell (Parquet, pandas)
+        return str(int(value)) if value.is_integer() else str(value)
+    text = str(value).strip()
+    return text or None
+
+
+def own_scenario(persona: Mapping[str, Any]) -> str | None:
+    """The scenario id a persona names, or ``None``: a persona field ``scenario`` (a schema
+    that has one), else the ``scenario`` column of the data-file row it came from (kept
+    verbatim in ``persona_fields``, so a resumed run reads it from its personas table)."""
+    wanted = _scenario_id(persona.get("scenario"))
+    if wanted is not None:
+        return wanted
+    raw = persona.get("persona_fields")
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        row = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(row, dict):
+        return None
+    for column, value in row.items():
+        if str(column).strip().lower() == SCENARIO_COLUMN:
+            return _scenario_id(value)
+    return None
+
+
 def persona_scenarios(persona: Mapping[str, Any], scenarios: list[Scenario]) -> list[Scenario]:
-    """The scenarios a persona runs: all of them, or the one its ``scenario`` field names."""
-    wanted = persona.get("scenario")
-    if wanted is None or wanted == "":
+    """The scenarios a persona runs: all of them, or the one it names (:func:`own_scenario`)."""
+    wanted = own_scenario(persona)
+    if wanted is None:
         return scenarios
     for s in scenarios:
-        if s.id == str(wanted):
+        if s.id == wanted:
             return [s]
     raise ConfigError(f"persona {persona.get('persona_id')!r} names scenario {wanted!r}, which the "
                       f"run's scenarios do not have (ids: {', '.join(s.id for s in scenarios[:10])}).")

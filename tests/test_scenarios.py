@@ -267,3 +267,81 @@ def test_the_example_config_plans_personas_by_scenarios_by_conditions(
     specs = list(plan(cfg, [{"persona_id": "p0"}, {"persona_id": "p1"}]))
     assert len(specs) == 2 * 3 * 3
     assert {s.condition for s in specs} == {"ecp", "concat", "quoted"}
+
+
+PEOPLE = """id,first_name,age,occupation,concern,emotion,motivation,{column}
+a1,Aisha,34,Nurse,a charge I do not recognise,anxious,wants it reversed,late-order
+a2,Tomasz,67,Retiree,a late pension payment,frustrated,wants a guarantee,{second}
+a3,Mei,29,Barista,a doubled phone bill,impatient,wants it fixed,
+"""
+
+
+@pytest.mark.parametrize("column, second", [("scenario", "cancel-plan"),
+                                            (" Scenario ", " cancel-plan ")])
+def test_a_scenario_column_of_a_persona_file_runs_that_scenario_only(
+        tmp_path: Path, column: str, second: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's promise, through the CLI: a persona whose row names a scenario runs that
+    one only (the column is matched like a field: case and spaces do not count), a persona
+    with an empty cell runs every scenario, and a resumed run reads the choice back from its
+    personas table (nothing new is planned)."""
+    people = tmp_path / "people.csv"
+    people.write_text(PEOPLE.format(column=column, second=second), encoding="utf-8")
+    run = tmp_path / "run"
+    with TestServer(reply=_judge(True)) as srv:
+        config = tmp_path / "c.yaml"
+        config.write_text(yaml.safe_dump(endpoint_config(
+            srv.base_url, scenarios=str(EXAMPLE), personas={"source": str(people)})))
+        args = ["generate", "--config", str(config), "--out", str(run), "--no-progress"]
+        assert main(args) == 0, capsys.readouterr().err
+        calls = len(pd.read_parquet(run / "calls.parquet"))
+        assert main(args) == 0  # a resume: the same plan, read from the stored personas
+    assert len(pd.read_parquet(run / "calls.parquet")) == calls  # nothing new was planned
+    personas = pd.read_parquet(run / "personas.parquet").set_index("persona_id").source_id
+    dialogues = pd.read_parquet(run / "dialogues.parquet")
+    ran = {sid: sorted(g.scenario_id) for sid, g in
+           dialogues.assign(sid=dialogues.persona_id.map(personas)).groupby("sid")}
+    assert ran == {"a1": ["late-order"], "a2": ["cancel-plan"],
+                   "a3": sorted(s["id"] for s in SCENARIOS)}
+
+
+def test_a_persona_files_scenario_cells_read_as_ids_or_none() -> None:
+    """The neighbours of a CSV cell: JSONL numbers, Parquet nulls (NaN), blanks, a schema field."""
+    from spasm.scenarios import own_scenario
+
+    def row(value: Any) -> dict[str, Any]:
+        return {"persona_id": "p", "persona_fields": json.dumps({"scenario": value},
+                                                               allow_nan=True)}
+
+    assert own_scenario(row("late-order")) == "late-order"
+    assert own_scenario(row(7)) == "7" and own_scenario(row(7.0)) == "7"
+    assert [own_scenario(row(v)) for v in (None, "", "  ", float("nan"))] == [None] * 4
+    assert own_scenario({"persona_id": "p", "scenario": "x", **row("y")}) == "x"
+    assert own_scenario({"persona_id": "p", "persona_fields": "{not json"}) is None
+    cfg = parse_config({"scenarios": SCENARIOS})
+    with pytest.raises(ConfigError, match="names scenario '7'"):
+        list(plan(cfg, [row(7)]))
+
+
+def test_a_scenario_column_in_a_run_without_scenarios_is_said_and_a_group_run_refuses_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    people = tmp_path / "people.csv"
+    people.write_text(PEOPLE.format(column="scenario", second=""), encoding="utf-8")
+    with TestServer() as srv:
+        config = tmp_path / "c.yaml"
+        config.write_text(yaml.safe_dump(endpoint_config(srv.base_url,
+                                                         personas={"source": str(people)})))
+        assert main(["generate", "--config", str(config), "--out", str(tmp_path / "run"),
+                     "--no-progress"]) == 0
+    said = [r.getMessage() for r in caplog.records if "name a scenario" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("1 of the personas of") and \
+        "name a scenario (column 'scenario'), but the run has no scenarios" in said[0], said
+    # In a group run the seats are drawn from every persona: a data file's own scenario is
+    # refused as the schema field is (tests/test_group_scenarios.py).
+    from spasm.runplan import plan_groups
+    from tests.test_group_scenarios import _data, _personas
+
+    personas = _personas()
+    personas[2]["persona_fields"] = json.dumps({"Scenario": "cancel-plan"})
+    cfg = parse_config(_data("http://127.0.0.1:9/v1", scenarios=SCENARIOS), "<t>")
+    with pytest.raises(ConfigError, match=r"persona 'p2' names its own scenario \('cancel-plan'\)"):
+        list(plan_groups(cfg, personas))

@@ -127,8 +127,13 @@ class SourcePersonas:
                 lines.append(f"  column {column!r} → {target}")
         for target, cols in sorted(roles.items()):
             lines.extend(f"  column {c!r} → field {target}" for c in cols)
-        if self.ignored:
-            lines.append("  kept only in persona_fields: " + ", ".join(map(repr, self.ignored)))
+        ignored = self.ignored
+        for column in [c for c in ignored if _key(c) == "scenario"]:  # scenarios.own_scenario
+            lines.append(f"  column {column!r} → the persona's own scenario (a run with "
+                         "scenarios runs only that one)")
+            ignored.remove(column)
+        if ignored:
+            lines.append("  kept only in persona_fields: " + ", ".join(map(repr, ignored)))
         for rejection in self.rejected[:5]:
             lines.append(f"  rejected: {'; '.join(json.loads(rejection['reasons']))}")
         if len(self.rejected) > 5:
