@@ -40,6 +40,8 @@ def _add_generate(sub: Any) -> None:
                    help="personas from a CSV, JSONL or Parquet file or a datasets directory "
                    "(every row unless --personas N)")
     p.add_argument("--conversations-per-persona", type=int, metavar="K")
+    p.add_argument("--trials", type=int, metavar="K",
+                   help="run every planned dialogue K times, each with its own seed (pass^k)")
     p.add_argument("--condition", metavar="CONDITION",
                    help="ecp, concat, quoted or a plugin's projection; both: ecp and concat; "
                    "all: ecp, concat and quoted")
@@ -171,6 +173,8 @@ def resolve_config(args: argparse.Namespace) -> Any:
         data["conditions"] = _conditions(args.condition)
     if args.seed is not None:
         data["seed"] = args.seed
+    if args.trials is not None:
+        data["trials"] = args.trials
     if args.name:
         data["name"] = args.name
     if args.max_cost is not None:
@@ -200,7 +204,7 @@ def _conditions(flag: str) -> list[str]:
 #: Config fields that command-line flags set, so errors name the flag the user typed.
 _FLAG_FIELDS = {
     "personas.n": "--personas", "conversations_per_persona": "--conversations-per-persona",
-    "seed": "--seed", "name": "--name", "engine.max_cost": "--max-cost",
+    "seed": "--seed", "trials": "--trials", "name": "--name", "engine.max_cost": "--max-cost",
     "engine.max_tokens": "--max-tokens", "backends.endpoint.max_concurrency": "--concurrency",
     "backends.endpoint.base_url": "--base-url", "backends.endpoint.model": "--model",
     "backends.endpoint.api_key_env": "--api-key-env",
@@ -209,7 +213,7 @@ _FLAG_FIELDS = {
 
 def _name_flags(message: str, args: argparse.Namespace) -> str:
     given = {"personas": "--personas", "conversations_per_persona": "--conversations-per-persona",
-             "seed": "--seed", "name": "--name", "max_cost": "--max-cost",
+             "seed": "--seed", "trials": "--trials", "name": "--name", "max_cost": "--max-cost",
              "max_tokens": "--max-tokens", "concurrency": "--concurrency", "base_url": "--base-url",
              "model": "--model", "api_key_env": "--api-key-env", "timeout": "--timeout",
              "max_attempts": "--max-attempts"}

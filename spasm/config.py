@@ -419,6 +419,10 @@ class RunConfig(_Strict):
     seed: int = Field(0, ge=SEED_MIN, le=SEED_MAX)
     personas: PersonaConfig = PersonaConfig()
     conversations_per_persona: int = Field(1, ge=1)
+    #: Trials (``--trials K``): every planned dialogue runs K times, each with its own seed
+    #: derived from the dialogue's (``dialogues.trial``), so ``spasm eval`` can say how reliably
+    #: a scenario succeeds (pass^k). 1: the run as without trials, byte for byte.
+    trials: int = Field(1, ge=1, le=100)
     conditions: list[str] = ["ecp"]
     backends: dict[str, BackendConfig] = {"embedded": BackendConfig(kind="embedded")}
     pairings: list[PairingConfig] | Literal["grid"] = [
@@ -588,6 +592,9 @@ class RunConfig(_Strict):
             if personas is not None and self.group.dialogues is None:
                 groups = max(1, personas // seats)
             factors = [groups, 1, 1, len(self.conditions), 1]
+        if self.trials > 1:
+            factors.append(self.trials)
+            names += " × trials"
         if scenarios is not None:
             factors.append(scenarios)
             names += " × scenarios"
@@ -666,6 +673,7 @@ _ADDED_LATER: tuple[tuple[str, str, tuple[Any, ...], tuple[str, ...]], ...] = (
     ("backends.*", "target", (None,), ("target",)),
     ("", "participants", (None,), ("participants", "group")),
     ("harness", "persona_probes", (False,), ("persona_probes",)),
+    ("", "trials", (1,), ("trials",)),
 )
 
 def data_path(kind: Literal["schemas", "configs"], name: str) -> Path:

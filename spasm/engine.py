@@ -115,6 +115,8 @@ class Engine:
             self.store.declare_scenarios()
         if config.participants is not None:  # its turns have the group columns
             self.store.declare_group()
+        if config.trials > 1:  # its dialogues table has the trial column, last
+            self.store.declare_trials()
         #: The tables this run has when it is finished.
         self.tables = GROUP_TABLES if config.participants is not None else TABLES
         self._started = ""

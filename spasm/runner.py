@@ -33,6 +33,7 @@ from spasm.dataset.rows import (
     ParticipantRow,
     ScenarioDialogueRow,
     TurnRow,
+    with_trial_column,
 )
 from spasm.errors import BudgetExceededError, RunError
 from spasm.goals import GOAL_REACHED, GoalDetector, GoalVerdict, judge_goal
@@ -67,6 +68,8 @@ class DialogueSpec:
     levels: tuple[str, ...] = ("A", "A")
     #: The scenario of a run with scenarios (its situation and goal go on the Client's card).
     scenario: Scenario | None = None
+    #: The trial (0..K-1) of a run with ``trials: K``; ``None`` in a run without trials.
+    trial: int | None = None
 
 
 @dataclass(frozen=True)
@@ -212,14 +215,17 @@ async def settle(
 
 def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None) -> DialogueRow:
     """The dialogue's row with its scenario and the goal judge's verdict (a run with
-    scenarios), else the row as it is."""
-    if spec.scenario is None:
-        return row
-    return ScenarioDialogueRow(
-        **row.as_record(), scenario_id=spec.scenario.id,
-        goal_met=None if verdict is None else verdict.goal_met,
-        goal_reason=None if verdict is None else verdict.reason,
-    )
+    scenarios), then its trial (a run with trials), else the row as it is."""
+    if spec.scenario is not None:
+        row = ScenarioDialogueRow(
+            **row.as_record(), scenario_id=spec.scenario.id,
+            goal_met=None if verdict is None else verdict.goal_met,
+            goal_reason=None if verdict is None else verdict.reason,
+        )
+    if spec.trial is not None:
+        fields: dict[str, Any] = {**row.as_record(), "trial": spec.trial}
+        row = with_trial_column(type(row))(**fields)
+    return row
 
 
 def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueSession:

@@ -123,9 +123,22 @@ def plan(
                                     "personas table repeats a persona id; please report it."
                                 )
                             seen.add(did)
-                        yield DialogueSpec(did, persona, k, condition, pairing, seed, levels,
-                                           scenario)
+                        for trial, trial_seed, tid in trials_of(config, did, seed):
+                            yield DialogueSpec(tid, persona, k, condition, pairing, trial_seed,
+                                               levels, scenario, trial)
 
+
+
+def trials_of(config: RunConfig, did: str, seed: int) -> list[tuple[int | None, int, str]]:
+    """``(trial, seed, dialogue id)`` of each trial of one planned dialogue: the dialogue itself
+    (trial ``None``) in a run without trials, so its ids and seeds are byte-identical to
+    before; with ``trials: K`` (``--trials K``), trials 0..K-1, each with its own seed derived
+    from the dialogue's (``derive_seed(seed, "trial", t)``: every condition, pairing and level
+    of a trial shares it, so conditions stay paired trial by trial) and ``-t<trial>`` at the
+    end of its id (after the level: every id of a trial run ends so, so ids stay unique)."""
+    if config.trials <= 1:
+        return [(None, seed, did)]
+    return [(t, derive_seed(seed, "trial", t), f"{did}-t{t}") for t in range(config.trials)]
 
 
 def group_dialogue_id(index: int, condition: str, scenario: str | None = None) -> str:
@@ -185,8 +198,10 @@ def plan_groups(
                                                                  scenario.id)
             sid = None if scenario is None else scenario.id
             for condition in config.conditions:
-                yield GroupSpec(group_dialogue_id(g, condition, sid), persona, g, condition,
-                                pairing, did_seed, scenario=scenario, seats=filled)
+                did = group_dialogue_id(g, condition, sid)
+                for trial, trial_seed, tid in trials_of(config, did, did_seed):
+                    yield GroupSpec(tid, persona, g, condition, pairing, trial_seed,
+                                    scenario=scenario, trial=trial, seats=filled)
 
 
 def make_backends(config: RunConfig) -> dict[str, Backend]:

@@ -21,11 +21,13 @@ imports as table directories like generated runs; 1.3 ``calls.cached_tokens``; 1
 whose personas come from a data file (``personas.source``); 1.6 ``dialogues.scenario_id``,
 ``goal_met`` and ``goal_reason`` in runs with scenarios (:class:`ScenarioDialogueRow`); 1.7
 group dialogues: a ``participants`` table, ``turns.role`` and ``turns.next_speaker_reason`` in
-group runs (:class:`GroupTurnRow`, :class:`ParticipantRow`).
+group runs (:class:`GroupTurnRow`, :class:`ParticipantRow`); 1.8 ``dialogues.trial`` in runs
+with trials (:func:`with_trial_column`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Required, TypedDict, cast, get_args, get_origin
@@ -55,9 +57,10 @@ __all__ = [
     "persona_of",
     "persona_row_model",
     "rejection_row_model",
+    "with_trial_column",
 ]
 
-SCHEMA_VERSION = "1.7"
+SCHEMA_VERSION = "1.8"
 
 STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -153,6 +156,19 @@ class ScenarioDialogueRow(DialogueRow):
     #: The goal judge's decision (``None``: no judge, or it gave no usable answer).
     goal_met: Annotated[bool | None, BOOL] = None
     goal_reason: OptStr = None
+
+
+@functools.cache
+def with_trial_column(model: type[DialogueRow]) -> type[DialogueRow]:
+    """``model``'s dialogues row with ``trial`` last (1.8): a run with ``trials: K`` runs every
+    planned dialogue K times, trial 0..K-1 each with its own seed. Only such runs store the
+    column (every other run keeps its columns byte for byte); readers see it in every run,
+    null where a run has none. One class per model (cached), so a row's type is the table's."""
+    fields: dict[str, Any] = {"trial": (I32, ...)}
+    made: type[DialogueRow] = create_model(f"{model.__name__}WithTrial", __base__=model,
+                                           **fields)
+    made.__doc__ = f"A dialogue of a run with trials: every {model.__name__} column, then ``trial``."
+    return made
 
 
 class TurnRow(Row):
@@ -415,6 +431,6 @@ JSON_COLUMNS: dict[str, dict[str, type[BaseModel]]] = {
 
 #: The fixed tables and their row models (personas tables depend on the persona schema).
 ROW_MODELS: dict[str, type[Row]] = {
-    m.table: m for m in (ScenarioDialogueRow, GroupTurnRow, CallRow, ErrorRow, QARow,
-                         AnnotationRow, ParticipantRow)
+    m.table: m for m in (with_trial_column(ScenarioDialogueRow), GroupTurnRow, CallRow,
+                         ErrorRow, QARow, AnnotationRow, ParticipantRow)
 }

@@ -51,6 +51,7 @@ from spasm.dataset.rows import (
     arrow_schema,
     persona_row_model,
     rejection_row_model,
+    with_trial_column,
 )
 from spasm.dataset.streaming import merge_sorted, sort_rows, sorting_columns
 from spasm.errors import FormatError
@@ -133,6 +134,13 @@ class RunStore:
     def declare_scenarios(self) -> None:
         """This run has scenarios: its dialogues table has the scenario columns."""
         self.models["dialogues"] = ScenarioDialogueRow
+
+    def declare_trials(self) -> None:
+        """This run has trials: its dialogues table has ``trial`` last (after the scenario
+        columns, so declare scenarios first)."""
+        model = self.models["dialogues"]
+        assert issubclass(model, DialogueRow)
+        self.models["dialogues"] = with_trial_column(model)
 
     def declare_group(self) -> None:
         """This run holds group dialogues: its turns have the group columns."""

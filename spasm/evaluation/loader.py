@@ -57,6 +57,10 @@ class Conversation:
     #: A run with scenarios: the dialogue's scenario and the goal judge's decision.
     scenario_id: str | None = None
     goal_met: bool | None = None
+    #: A run with trials: the dialogue's trial (0..K-1); ``None`` in a run without trials.
+    trial: int | None = None
+    #: A run with rewards (tool scenarios): the dialogue's reward in [0, 1]; ``None`` without.
+    reward: float | None = None
     #: A group dialogue: each utterance's side (``client`` or ``responder``, from ``turns.role``
     #: or its seat's role; ``speakers`` then holds participant ids). ``None``: a two-party
     #: dialogue, whose speakers are its sides.
@@ -73,6 +77,14 @@ class Conversation:
     def sides(self) -> tuple[str, ...]:
         """Each utterance's side: its role in a group dialogue, else its speaker."""
         return self.speakers if self.roles is None else self.roles
+
+    @property
+    def outcome(self) -> bool | None:
+        """Whether the dialogue succeeded: its reward when the run has one (a reward of 1, as
+        τ² counts success), else the goal judge's ``goal_met``; ``None``: undecided."""
+        if self.reward is not None:
+            return self.reward >= 1.0 - 1e-6
+        return self.goal_met
 
     def side(self, speaker: str) -> list[str]:
         """The utterances of one speaker, in order."""
@@ -189,7 +201,10 @@ def load_run(run_dir: str | Path) -> RunData:
         dialogues["seed"] = pd.to_numeric(dialogues["seed"], errors="coerce").astype("Int64")
     dialogues["condition"] = dialogues["condition"].str.lower()
     dialogues = dialogues[dialogues["status"] == "ok"].drop_duplicates("dialogue_id")
-    dialogues = dialogues.sort_values(["pairing", "condition", "persona_id", "conversation_index"])
+    order = ["pairing", "condition", "persona_id", "conversation_index"]
+    if "trial" in dialogues.columns and dialogues["trial"].notna().any():
+        order.append("trial")  # a run with trials: each dialogue's trials in order
+    dialogues = dialogues.sort_values(order)
     dialogues = dialogues.reset_index(drop=True)
 
     personas = personas.copy()
@@ -224,6 +239,8 @@ def load_run(run_dir: str | Path) -> RunData:
                 seed=None if pd.isna(row.get("seed")) else int(row["seed"]),
                 scenario_id=None if pd.isna(row.get("scenario_id")) else str(row["scenario_id"]),
                 goal_met=None if pd.isna(row.get("goal_met")) else bool(row["goal_met"]),
+                trial=None if pd.isna(row.get("trial")) else int(row["trial"]),
+                reward=None if pd.isna(row.get("reward")) else float(row["reward"]),
                 **fields,
             )
         )

@@ -37,10 +37,13 @@ __all__ = [
     "LanguageStat",
     "Metrics",
     "PairedComparison",
+    "PassHatK",
     "RealismMetrics",
     "RealismReference",
     "RealismStat",
     "ReferenceStat",
+    "ReliabilityMetrics",
+    "ReliabilityRow",
     "SeparabilityGroup",
 ]
 
@@ -372,6 +375,49 @@ class GoalMetrics(_Model):
     scenarios: int
 
 
+class PassHatK(_Model):
+    """pass^k of one group of tasks for one k, by both estimators, and its noise floor."""
+
+    k: int
+    unbiased: float | None = Field(description="mean over tasks of C(c,k)/C(n,k)")
+    all_of_k: float | None = Field(description="share of disjoint k-groups of trials that all pass")
+    tasks: int = Field(description="tasks with at least k decided trials (used by unbiased)")
+    groups: int = Field(description="k-groups of trials counted by all_of_k")
+    noise_floor: float | None = Field(
+        description="95th percentile of |pass^k difference| between two bootstrap runs of this size")
+
+
+class ReliabilityRow(_Model):
+    """Reliability of one group of tasks (a task: one planned dialogue, run once per trial).
+
+    ``pairing`` is a pairing or ``all``; ``scenario_id`` a scenario or ``all``."""
+
+    pairing: str
+    condition: str
+    scenario_id: str = "all"
+    tasks: int
+    trials: int = Field(description="the most trials a task has")
+    dialogues: int
+    undecided: int = Field(description="dialogues without an outcome (left out)")
+    successes: int
+    pass_hat: list[PassHatK] = Field(description="k = 1..trials")
+    flipped: int = Field(description="tasks whose outcome differs between trials")
+    flip_share: float | None = Field(description="flipped / tasks with two or more decided trials")
+
+
+class ReliabilityMetrics(_Model):
+    """pass^k and the noise floor of a run with trials (``trials: K``)."""
+
+    outcome: Literal["reward", "goal_met"] = Field(description="the column a dialogue's success is read from")
+    trials: int
+    tasks: int
+    estimators: dict[str, str]
+    bootstrap_replicates: int
+    confidence: float
+    rows: list[ReliabilityRow]
+    notes: list[str] = Field(default_factory=list)
+
+
 class GroupRate(_Model):
     """Share of a condition's group dialogues a detector flags, with a Wilson 95% interval."""
 
@@ -472,5 +518,6 @@ class Metrics(_Model):
     language: LanguageMetrics | None = Field(None, description="language compliance")
     goals: GoalMetrics | None = Field(None, description="goal success (runs with scenarios)")
     group: GroupMetrics | None = Field(None, description="role confusion (group runs)")
+    reliability: ReliabilityMetrics | None = Field(None, description="pass^k (runs with trials)")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

@@ -70,6 +70,7 @@ from spasm.evaluation.metrics import (
 )
 from spasm.evaluation.onset import onset_curves, onset_turn, turn_scores
 from spasm.evaluation.realism import realism_frame, realism_metrics, reference_from, z_scores
+from spasm.evaluation.reliability import reliability_metrics
 from spasm.evaluation.report import report_figures, write_report
 from spasm.evaluation.report_group import GroupFrames
 from spasm.evaluation.separability import Retrieval, separability_scores
@@ -391,6 +392,7 @@ def _evaluate(
         language=language,
         goals=goal_metrics(convs),
         group=group.metrics if group is not None else None,
+        reliability=reliability_metrics(convs),
         llm=llm.usage() if llm is not None else None,
         timings={},
     )
@@ -660,6 +662,8 @@ def _per_dialogue(
     )
     rows = []
     scenarios = any(c.scenario_id is not None for c in convs)
+    trials = any(c.trial is not None for c in convs)
+    rewards = any(c.reward is not None for c in convs)
     for c in convs:
         v = verdicts.get(c.dialogue_id)
         xy = pca_xy.get(c.dialogue_id, (math.nan, math.nan))
@@ -677,6 +681,10 @@ def _per_dialogue(
         if scenarios:  # goal success, compared like the other per-dialogue metrics
             row["scenario_id"] = c.scenario_id
             row["goal_met"] = math.nan if c.goal_met is None else float(c.goal_met)
+        if trials:  # a run with trials: which trial (pass^k groups them by the rest of the id)
+            row["trial"] = c.trial
+        if rewards:  # a run with rewards: the outcome pass^k reads
+            row["reward"] = math.nan if c.reward is None else c.reward
         for dim in ("utterance", "concerns", "emotion", "motivation"):
             row[f"drift_{dim}"] = means.get(c.dialogue_id, {}).get(dim, math.nan)
         row.update(
@@ -699,7 +707,7 @@ def _per_dialogue(
         row.update(realism_rows.get(c.dialogue_id, {}))
         rows.append(row)
     frame = pd.DataFrame(rows)
-    for column in ("seed", "echo_onset_turn"):
+    for column in ("seed", "echo_onset_turn", "trial"):
         if column in frame:
             frame[column] = frame[column].astype("Int64")
     return frame

@@ -33,6 +33,7 @@ from matplotlib.ticker import MaxNLocator
 from spasm.dataset.files import atomic_write_text
 from spasm.evaluation.figures import ReportFigure
 from spasm.evaluation.metrics import Metrics
+from spasm.evaluation.report_agents import outcomes_html
 from spasm.evaluation.report_group import (
     GROUP_ONLY,
     GroupFrames,
@@ -717,6 +718,7 @@ def render_report(
 {_realism_html(m)}
 {_language_html(m)}
 {_judges_html(m)}
+{outcomes_html(m)}
 <h2>Every metric, paired</h2>
 {fig("forest")}
 {paired_html}

@@ -197,7 +197,7 @@ def _run_shard(config_data: dict[str, Any], run_dir: str, index: int, count: int
 def _planned_estimate(config: Any) -> int:
     levels = len(config.harness.levels) if config.harness.levels else 1
     return int((config.personas.n or 1) * config.conversations_per_persona * len(config.pairing_list)
-               * len(config.conditions) * levels)
+               * len(config.conditions) * levels * config.trials)
 
 
 class _Progress:
