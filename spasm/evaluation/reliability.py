@@ -42,6 +42,7 @@ from scipy.special import comb
 
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import PassHatK, ReliabilityMetrics, ReliabilityRow
+from spasm.registry import condition_rank
 
 __all__ = ["BOOTSTRAP_REPLICATES", "ESTIMATORS", "pass_hat_all_of_k", "pass_hat_unbiased",
            "reliability_metrics"]
@@ -57,7 +58,6 @@ ESTIMATORS: dict[str, str] = {
     "all_of_k": ("share of disjoint groups of k consecutive trials (in trial order, "
                  "floor(n/k) per task) whose k trials all succeed"),
 }
-_RANK = {"ecp": 0, "concat": 1, "quoted": 2}
 
 
 @dataclass
@@ -176,7 +176,7 @@ def reliability_metrics(conversations: Sequence[Conversation]) -> ReliabilityMet
         _row(pairing, condition, scenario, members, k_max, rng)
         for (pairing, condition, scenario), members in sorted(
             groups.items(), key=lambda kv: (kv[0][2] != "all", kv[0][2], kv[0][0] != "all",
-                                            kv[0][0], _RANK.get(kv[0][1], 3), kv[0][1]))
+                                            kv[0][0], *condition_rank(kv[0][1])))
     ]
     notes = []
     undecided = sum(t.undecided for t in tasks.values())
