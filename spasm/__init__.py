@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from spasm.errors import ConfigError, RunError, SpasmError, UserError
     from spasm.history import History, Utterance
     from spasm.projection import Viewer, get_projection, project, register_projection
+    from spasm.tools import tool
 
 #: Each public name and the module that defines it.
 _HOMES = {
@@ -37,6 +38,7 @@ _HOMES = {
     "parse_config": "spasm.config",
     "project": "spasm.projection",
     "register_projection": "spasm.projection",
+    "tool": "spasm.tools",
 }
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "parse_config",
     "project",
     "register_projection",
+    "tool",
 ]
 
 

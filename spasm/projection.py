@@ -23,6 +23,16 @@ spasm and others can be added with :func:`register_projection`.
   Client's as the Responder sees them — then the instruction to write the next message. With
   ``ecp`` (egocentric, chat roles) and ``concat`` (absolute labels, one transcript) it separates
   which half of ECP changes the agents' behaviour.
+
+**Events** (tool calls, their results and notices: :class:`spasm.history.Event`) are filtered
+by who may see them (``visible_to``). ECP and quoted are egocentric: under ``ecp`` the viewer's
+own calls are ``assistant`` messages with ``tool_calls`` and their results ``tool`` messages with
+matching ids; another participant's event reaches the viewer only when it may see it, and then
+only as that event's notice, on a line before that participant's utterance in its ``user``
+message, never as a foreign ``tool`` message; ``quoted`` writes the visible events as lines with
+the viewer's labels. ``concat`` is the shared transcript: every event, visible or not, as lines
+with absolute labels, the same for every viewer. A history without events is projected exactly
+as before events existed.
 """
 
 from __future__ import annotations
@@ -33,9 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from spasm.backends.base import Message
+from spasm.backends.base import Message, ToolCallMessage
 from spasm.errors import ConfigError
-from spasm.history import History, Speaker
+from spasm.history import Event, History, Speaker
 from spasm.registry import PROJECTIONS
 
 SPEAKER_LABELS: dict[Speaker, str] = {"client": "Client", "responder": "Responder"}
@@ -118,21 +128,84 @@ def project(history: History, viewer: Viewer, condition: str) -> list[Message]:
     return get_projection(condition)(history, viewer)
 
 
+def _by_turn(history: History) -> dict[int, list[Event]]:
+    turns: dict[int, list[Event]] = {}
+    for e in history.events:
+        turns.setdefault(e.turn_index, []).append(e)
+    return turns
+
+
+def notice_text(event: Event, actor_label: str) -> str:
+    """What a participant other than the actor is shown of an event it may see: the tool's
+    notice, else the event rendered as a bracketed line (``actor_label`` names the actor)."""
+    if event.notice:
+        return event.notice
+    if event.kind == "tool_call":
+        return f"[{actor_label} used {event.tool}: {event.arguments}]"
+    if event.kind == "tool_result":
+        outcome = f"error: {event.error}" if event.error else event.result
+        return f"[{event.tool} returned to {actor_label}: {outcome}]"
+    return f"[{actor_label}: {event.kind}]"
+
+
+def tool_result_content(event: Event) -> str:
+    """A ``tool_result`` event as the content of its ``tool`` message (its result, or its
+    error as ``{"error": …}``)."""
+    if event.error:
+        return json.dumps({"error": event.error}, ensure_ascii=False)
+    return event.result or "null"
+
+
+def _own_steps(events: Sequence[Event]) -> list[Message]:
+    """The viewer's own calls and results: each step's calls in one ``assistant`` message,
+    each result a ``tool`` message answering its call's id."""
+    out: list[Message] = []
+    for e in events:
+        if e.kind == "tool_call":
+            call: ToolCallMessage = {
+                "id": e.call_id or "", "type": "function",
+                "function": {"name": e.tool or "", "arguments": e.arguments or "{}"}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif e.kind == "tool_result":
+            out.append({"role": "tool", "content": tool_result_content(e),
+                        "tool_call_id": e.call_id or ""})
+    return out
+
+
 @register_projection("ecp")
 def ecp(history: History, viewer: Viewer) -> list[Message]:
-    """SELF turns → ``assistant``, PARTNER turns → ``user``; content untouched."""
+    """SELF turns → ``assistant``, PARTNER turns → ``user``; content untouched. The viewer's
+    own events are its ``tool_calls`` and ``tool`` messages; others' events it may see are
+    their notices, on lines before that participant's utterance."""
     messages: list[Message] = [{"role": "system", "content": viewer.system_prompt}]
-    if len(history) == 0 or history[0].speaker == viewer.speaker:
+    me = viewer.speaker
+    if len(history) == 0 or history[0].speaker == me:
         messages.append({"role": "user", "content": viewer.opening})
-    for u in history:
-        if u.speaker == viewer.speaker:
+    turns = _by_turn(history) if history.events else {}
+    labels = quoted_labels(viewer) if turns else {}
+    for k, u in enumerate([*history, None]):
+        events = turns.get(k, ())
+        own = [e for e in events if e.actor == me]
+        notes = [notice_text(e, labels.get(e.actor, e.actor)) for e in events
+                 if e.actor != me and e.visible(me)]
+        messages.extend(_own_steps(own))
+        if u is None:
+            if notes:  # another participant's events with no utterance after them
+                messages.append({"role": "user", "content": "\n".join(notes)})
+            break
+        content = "\n".join([*notes, u.content]) if notes else u.content
+        if u.speaker == me:
             messages.append({"role": "assistant", "content": u.content})
         elif viewer.group is None:
-            messages.append({"role": "user", "content": u.content})
+            messages.append({"role": "user", "content": content})
         elif viewer.speaker_names == "name_field":
-            messages.append({"role": "user", "content": u.content, "name": u.speaker})
+            messages.append({"role": "user", "content": content, "name": u.speaker})
         else:
-            messages.append({"role": "user", "content": f"{u.speaker}: {u.content}"})
+            messages.append({"role": "user", "content": f"{u.speaker}: {content}"})
     return messages
 
 
@@ -150,16 +223,50 @@ def name_list(ids: Sequence[str]) -> str:
 
 
 def transcript(history: History, viewer: Viewer | None = None) -> str:
-    """The history as absolutely labelled lines, the same for every viewer."""
+    """The history as absolutely labelled lines, the same for every viewer (its utterances;
+    :func:`event_lines` writes its events)."""
     return "\n".join(f"{label(u.speaker, viewer)}: {u.content}" for u in history)
+
+
+def event_line(event: Event, who: str, notice: str | None = None) -> str:
+    """One event as a transcript line: ``who (calls tool): {arguments}``, ``who (result of
+    tool): …``, ``who (notice): …``; ``notice`` replaces the payload (another participant's
+    event under ``quoted``)."""
+    if notice is not None:
+        return f"{who} (action): {notice}"
+    if event.kind == "tool_call":
+        return f"{who} (calls {event.tool}): {event.arguments}"
+    if event.kind == "tool_result":
+        if event.error:
+            return f"{who} (error from {event.tool}): {event.error}"
+        return f"{who} (result of {event.tool}): {event.result}"
+    return f"{who} (notice): {event.notice}"
+
+
+def event_transcript(history: History, line: Callable[[Event], str | None],
+                     utterance: Callable[[Speaker, str], str]) -> list[str]:
+    """The history's utterances and events as lines, in the order they happened: each turn's
+    events (``line`` returns ``None`` for one a viewer may not see) before its utterance."""
+    turns = _by_turn(history)
+    out: list[str] = []
+    for k, u in enumerate([*history, None]):
+        out.extend(x for x in (line(e) for e in turns.get(k, ())) if x is not None)
+        if u is not None:
+            out.append(utterance(u.speaker, u.content))
+    return out
 
 
 @register_projection("concat")
 def concat(history: History, viewer: Viewer) -> list[Message]:
-    """The same neutral transcript for both viewers, then 'continue as your role'."""
+    """The same neutral transcript for both viewers, then 'continue as your role'; every event
+    is in it, whoever it was visible to, with absolute labels."""
     instruction = viewer.continue_instruction.format(label=label(viewer.speaker, viewer))
-    if len(history) == 0:
+    if len(history) == 0 and not history.events:
         body = f"{viewer.opening}\n\n{instruction}"
+    elif history.events:
+        lines = event_transcript(history, lambda e: event_line(e, label(e.actor, viewer)),
+                                 lambda s, c: f"{label(s, viewer)}: {c}")
+        body = "Conversation so far:\n" + "\n".join(lines) + f"\n\n{instruction}"
     else:
         body = f"Conversation so far:\n{transcript(history, viewer)}\n\n{instruction}"
     return [
@@ -189,24 +296,41 @@ def quoted_labels(viewer: Viewer) -> dict[Speaker, str]:
     return {"client": QUOTED_CLIENT, "responder": QUOTED_SELF}
 
 
+def _quote(text: str) -> str:
+    return "\n".join(f"> {line}" if line else ">" for line in text.split("\n"))
+
+
 def quoted_transcript(history: History, viewer: Viewer) -> str:
-    """The history as quoted lines (``> ``, continuation lines too) with the viewer's labels."""
+    """The history as quoted lines (``> ``, continuation lines too) with the viewer's labels;
+    the events the viewer may see are lines too (its own with their payload, another
+    participant's as its notice)."""
     labels = quoted_labels(viewer)
-    lines = []
-    for u in history:
-        text = f"{labels[u.speaker]}: {u.content}"
-        lines.append("\n".join(f"> {line}" if line else ">" for line in text.split("\n")))
-    return "\n".join(lines)
+    if not history.events:
+        return "\n".join(_quote(f"{labels[u.speaker]}: {u.content}") for u in history)
+    me = viewer.speaker
+
+    def line(e: Event) -> str | None:
+        who = labels.get(e.actor, e.actor)
+        if e.actor == me:
+            return None if e.kind == "notice" else _quote(event_line(e, who))
+        if not e.visible(me):
+            return None
+        return _quote(event_line(e, who, notice_text(e, who)))
+
+    return "\n".join(event_transcript(history, line,
+                                       lambda s, c: _quote(f"{labels.get(s, s)}: {c}")))
 
 
 @register_projection("quoted")
 def quoted(history: History, viewer: Viewer) -> list[Message]:
     """The history as one transcript quoted in a ``user`` message, labelled from the viewer's
     side ("You: …", "The <partner>: …"), then 'write your next message'."""
-    if len(history) == 0:
+    shown = quoted_transcript(history, viewer) if history.events else None
+    if len(history) == 0 and not shown:
         body = f"{viewer.opening}\n\n{QUOTED_INSTRUCTION}"
     else:
-        body = f"{QUOTED_HEADER}\n\n{quoted_transcript(history, viewer)}\n\n{QUOTED_INSTRUCTION}"
+        body = (f"{QUOTED_HEADER}\n\n{shown or quoted_transcript(history, viewer)}\n\n"
+                f"{QUOTED_INSTRUCTION}")
     return [
         {"role": "system", "content": viewer.system_prompt},
         {"role": "user", "content": body},

@@ -30,6 +30,7 @@ __all__ = [
     "DETECTORS",
     "NEXT_SPEAKERS",
     "PROJECTIONS",
+    "TOOLS",
     "Registry",
     "condition_rank",
     "ordered_conditions",
@@ -167,3 +168,6 @@ NEXT_SPEAKERS: Registry[Callable[..., object]] = Registry(
     "next-speaker policy",
     {name: "spasm.turn_order" for name in ("round_robin", "addressed", "random", "llm")},
 )
+#: Tools by name (:mod:`spasm.tools`): every ``@spasm.tool`` registers here when its module is
+#: imported (a module the config's ``tools:`` names, or a plugin's).
+TOOLS: Registry[object] = Registry("tool")

@@ -12,21 +12,23 @@ is a bug in spasm or in a plugged-in agent, and keeps its full traceback.
 
 from __future__ import annotations
 
+import json
 import traceback
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from spasm.agents import Turn, TurnAgent
-from spasm.dataset.rows import GroupTurnRow, TurnRow
+from spasm.dataset.rows import EventRow, GroupTurnRow, TurnRow
 from spasm.errors import BudgetExceededError, RunError
-from spasm.history import History
+from spasm.history import Event, History
 from spasm.projection import messages_digest
 from spasm.session import DialogueSession
 from spasm.termination import TerminationChain
 from spasm.turn_order import NextSpeaker, Seat
 
-__all__ = ["Conversation", "DialogueHook", "simulate_dialogue", "simulate_group", "turn_row"]
+__all__ = ["Conversation", "DialogueHook", "event_row", "simulate_dialogue", "simulate_group",
+           "turn_row"]
 
 
 class DialogueHook(Protocol):
@@ -79,6 +81,15 @@ def turn_row(dialogue_id: str, index: int, t: Turn) -> TurnRow:
         messages=t.stored_messages(),
         probe=None,
     )
+
+
+def event_row(dialogue_id: str, seq: int, event: Event) -> EventRow:
+    """The events-table row of ``event``, the ``seq``-th of its dialogue."""
+    return EventRow(dialogue_id=dialogue_id, seq=seq, turn_index=event.turn_index,
+                    kind=event.kind, actor=event.actor, call_id=event.call_id, tool=event.tool,
+                    arguments=event.arguments, result=event.result, error=event.error,
+                    visible_to=json.dumps(list(event.visible_to), ensure_ascii=False),
+                    notice=event.notice, world_sha256=event.world_sha256)
 
 
 async def _converse(

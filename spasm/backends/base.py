@@ -9,14 +9,49 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
 
+class FunctionCall(TypedDict):
+    """The function part of a tool call as the OpenAI protocol writes it."""
+
+    name: str
+    #: The arguments as JSON text.
+    arguments: str
+
+
+class ToolCallMessage(TypedDict):
+    """One tool call of an ``assistant`` message (the OpenAI ``tool_calls`` items)."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class Message(TypedDict):
     """One chat message as the OpenAI protocol takes it."""
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
     #: The speaker of a ``user`` message in a group dialogue whose participants are named by
     #: the protocol's ``name`` field (``group.speaker_names: name_field``); absent otherwise.
     name: NotRequired[str]
+    #: An ``assistant`` message that calls tools (issue 31); absent otherwise.
+    tool_calls: NotRequired[list[ToolCallMessage]]
+    #: A ``tool`` message: the id of the call it answers.
+    tool_call_id: NotRequired[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call a model asked for: its id, the tool's name and the arguments as JSON text
+    (as the model wrote them: they may not parse, which the tool's result then says)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def message(self) -> ToolCallMessage:
+        """The call as an ``assistant`` message's ``tool_calls`` item."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,32 +87,38 @@ class ChatRequest:
     #: Where in a dialogue the request comes from (:class:`CallContext`); left out of
     #: :meth:`params` and :meth:`cache_key` like ``stream_key``.
     context: CallContext | None = field(default=None, compare=False)
+    #: The tools the model may call, as the OpenAI protocol's ``tools`` items
+    #: (``{"type": "function", "function": {"name", "description", "parameters"}}``), or
+    #: ``None`` (a request without tools: its params and cache key are as before tools existed).
+    tools: tuple[dict[str, Any], ...] | None = None
 
     def params(self) -> dict[str, Any]:
         """The sampling parameters, as logged in the call table."""
-        return {
+        out: dict[str, Any] = {
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
             "seed": self.seed,
             "structured": self.json_schema is not None,
             "sample_index": self.sample_index,
         }
+        if self.tools is not None:
+            out["tools"] = [t["function"]["name"] for t in self.tools]
+        return out
 
     def cache_key(self, identity: str) -> str:
         """sha256 over the backend identity and the exact request."""
-        blob = json.dumps(
-            {
-                "backend": identity,
-                "messages": list(self.messages),
-                "temperature": self.temperature,
-                "max_tokens": self.max_tokens,
-                "seed": self.seed,
-                "json_schema": self.json_schema,
-                "sample_index": self.sample_index,
-            },
-            sort_keys=True,
-            ensure_ascii=False,
-        ).encode()
+        data: dict[str, Any] = {
+            "backend": identity,
+            "messages": list(self.messages),
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+            "json_schema": self.json_schema,
+            "sample_index": self.sample_index,
+        }
+        if self.tools is not None:  # without tools the key is what it always was
+            data["tools"] = list(self.tools)
+        blob = json.dumps(data, sort_keys=True, ensure_ascii=False).encode()
         return hashlib.sha256(blob).hexdigest()
 
 
@@ -95,6 +136,8 @@ class Completion:
     #: reports none); billed at the backend's cached-token price.
     cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The tool calls the model asked for instead of (or besides) writing text (issue 31).
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class Backend(ABC):

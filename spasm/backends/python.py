@@ -107,26 +107,43 @@ def _where(exc: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
+def describe_error_site(exc: BaseException) -> str:
+    """Where an exception was raised, as `` at file:line`` (empty when unknown)."""
+    return _where(exc)
+
+
 def _load_file(path: Path, target: str, backend: str) -> Any:
+    return load_module_file(path, f"Backend {backend!r}: target {target!r}", wrap=False)
+
+
+def load_module_file(path: Path, what: str, *, wrap: bool = True) -> Any:
+    """Load a ``.py`` file as a module of its own (once per file and process); ``what`` names
+    it in messages. A missing file is a ConfigError; with ``wrap``, so is any failure while
+    the module runs (naming the exception and where it was raised)."""
     resolved = path.resolve()
     if not resolved.is_file():
         problem = "is not a file" if resolved.exists() else "does not exist"
-        raise ConfigError(f"Backend {backend!r}: target {target!r}: {path} {problem} (a relative "
-                          f"path is read from the working directory, {Path.cwd()}).")
+        raise ConfigError(f"{what}: {path} {problem} (a relative path is read from the working "
+                          f"directory, {Path.cwd()}).")
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
     name = f"_spasm_target_{resolved.stem}_{digest}"
     if name in sys.modules:  # one module per file and process (another backend, a rerun)
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, resolved)
     if spec is None or spec.loader is None:
-        raise ConfigError(f"Backend {backend!r}: target {target!r}: {path} cannot be loaded as a "
-                          "Python module.")
+        raise ConfigError(f"{what}: {path} cannot be loaded as a Python module.")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it: dataclasses look their module up
     try:
         spec.loader.exec_module(module)
-    except BaseException:
+    except ConfigError:
         sys.modules.pop(name, None)
+        raise
+    except BaseException as exc:
+        sys.modules.pop(name, None)
+        if wrap and isinstance(exc, Exception):
+            raise ConfigError(f"{what}: importing {path} failed: {type(exc).__name__}: {exc}"
+                              f"{_where(exc)}") from None
         raise
     return module
 

@@ -536,6 +536,9 @@ class CallParams(BaseModel):
     structured: bool = False
     #: Distinguishes deliberate repeats of an identical request.
     sample_index: int = 0
+    #: The names of the tools the request offered (a tool step of a turn, issue 31); absent
+    #: from the text of calls without tools, so their rows are what they always were.
+    tools: list[str] | None = None
 
 
 def dump_params(params: CallParams | Mapping[str, Any]) -> str:
@@ -545,7 +548,10 @@ def dump_params(params: CallParams | Mapping[str, Any]) -> str:
             params = CallParams.model_validate(params)
         except ValidationError as exc:
             raise FormatError(f"not call parameters: {_first_error(exc)}") from exc
-    return json.dumps(params.model_dump(mode="json"), sort_keys=True)
+    data = params.model_dump(mode="json")
+    if data["tools"] is None:
+        del data["tools"]
+    return json.dumps(data, sort_keys=True)
 
 
 def load_params(raw: object) -> CallParams | None:

@@ -32,12 +32,20 @@ import pyarrow.parquet as pq
 
 from spasm.backends.base import Message
 from spasm.dataset.integrity import find_damage
-from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Persona, Row, arrow_schema, persona_of
-from spasm.errors import UserError
-from spasm.history import History
+from spasm.dataset.rows import (
+    ROW_MODELS,
+    SCHEMA_VERSION,
+    Persona,
+    Row,
+    arrow_schema,
+    persona_of,
+)
+from spasm.errors import FormatError, UserError
+from spasm.history import EVENT_KINDS, Event, History
 from spasm.projection import Viewer, group_viewer, messages_digest, project
 
-__all__ = ["DialogueView", "Run", "SeenMessages", "open_run", "participant_viewer", "seen_messages"]
+__all__ = ["DialogueView", "Run", "SeenMessages", "event_of", "open_run", "participant_viewer",
+           "seen_messages"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,9 @@ class SeenMessages:
     messages: list[Message]
     #: sha256 of ``messages`` equals the turn's ``messages_sha256`` (``None``: no digest stored).
     verified: bool | None
+    #: In a run with tools: the frame of each tool step of the turn, before the one that wrote
+    #: the utterance (``messages``), which holds every one of them.
+    steps: list[list[Message]] = field(default_factory=list)
 
 
 def participant_viewer(
@@ -70,35 +81,66 @@ def participant_viewer(
     )
 
 
+def event_of(row: Mapping[str, Any]) -> Event:
+    """The history event an ``events`` row records (a row as a reader returns it)."""
+    kind = row.get("kind")
+    if kind not in EVENT_KINDS:
+        raise FormatError(f"events.kind is one of {', '.join(EVENT_KINDS)}, not {kind!r}")
+    try:
+        visible = json.loads(row.get("visible_to") or "[]")
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"events.visible_to is not JSON: {exc}") from None
+    if not isinstance(visible, list) or not all(isinstance(v, str) for v in visible):
+        raise FormatError("events.visible_to is a JSON list of participant ids")
+    return Event(kind=kind, actor=str(row["actor"]), turn_index=int(row["turn_index"]),
+                 visible_to=tuple(visible), call_id=row.get("call_id"), tool=row.get("tool"),
+                 arguments=row.get("arguments"), result=row.get("result"),
+                 error=row.get("error"), notice=row.get("notice"),
+                 world_sha256=row.get("world_sha256"))
+
+
 def seen_messages(
     dialogue: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], index: int,
-    participants: Sequence[Mapping[str, Any]] = (),
+    participants: Sequence[Mapping[str, Any]] = (), events: Sequence[Mapping[str, Any]] = (),
 ) -> SeenMessages:
     """Rebuild, byte for byte, the messages the speaker of ``turns[index]`` saw, and check them.
 
     Harnessed turns (level B and up) store what they saw (it depends on model calls: state,
     context, checker advice); plain turns are re-projected from the history before them. In a
     group dialogue (``participants``: its rows of the participants table) each participant's
-    frame and the way it names the others come from its row.
+    frame and the way it names the others come from its row. In a run with tools
+    (``events``: the dialogue's rows of the events table, in ``seq`` order) the history holds
+    every event up to the turn's utterance, its own tool calls and results included, so the
+    frame that wrote the utterance, tool messages and all, is checked byte for byte;
+    :attr:`SeenMessages.steps` are the frames of the turn's tool steps before it.
     """
     turn = turns[index]
     stored = turn.get("messages")
+    steps: list[list[Message]] = []
     if isinstance(stored, str) and stored:
         messages: list[Message] = json.loads(stored)
     else:
         history = History()
         for t in turns[:index]:
             history = history.append(t["speaker"], t["text"])
+        before = [event_of(e) for e in events if int(e["turn_index"]) < index]
+        own = [event_of(e) for e in events if int(e["turn_index"]) == index]
         speaker = turn["speaker"]
         viewer = participant_viewer(dialogue, participants, speaker)
         if viewer is None:
             role = dialogue.get("responder_role")
             prompt = dialogue.get(f"{speaker}_system_prompt") or ""
             viewer = Viewer(speaker, str(prompt), responder_role=str(role) if role else None)
-        messages = project(history, viewer, str(dialogue["condition"]))
+        condition = str(dialogue["condition"])
+        history = history.with_events(before)
+        # Each step's frame: the events of the turn up to (not including) that step's calls.
+        cuts = [i for i, e in enumerate(own) if e.kind == "tool_call"
+                and (i == 0 or (own[i - 1].kind != "tool_call" and own[i - 1].kind != "notice"))]
+        steps = [project(history.with_events(own[:i]), viewer, condition) for i in cuts]
+        messages = project(history.with_events(own), viewer, condition)
     digest = turn.get("messages_sha256")
     verified = None if not digest else messages_digest(messages) == digest
-    return SeenMessages(messages, verified)
+    return SeenMessages(messages, verified, steps)
 
 
 @dataclass(frozen=True)
@@ -110,10 +152,14 @@ class DialogueView:
     turns: list[dict[str, Any]]
     #: A group dialogue's participants (rows of the participants table), in turn order.
     participants: list[dict[str, Any]] = field(default_factory=list)
+    #: A run with tools: the dialogue's events (rows of the events table), in ``seq`` order.
+    events: list[dict[str, Any]] = field(default_factory=list)
+    #: A run with tools: the world's states (rows of the worlds table), in ``seq`` order.
+    worlds: list[dict[str, Any]] = field(default_factory=list)
 
     def seen(self, turn_index: int) -> SeenMessages:
         """The exact messages the speaker of ``turn_index`` was sent, checked against its digest."""
-        return seen_messages(self.row, self.turns, turn_index, self.participants)
+        return seen_messages(self.row, self.turns, turn_index, self.participants, self.events)
 
 
 def _committed(table_dir: Path, committed: set[str] | None) -> list[Path]:
@@ -332,7 +378,12 @@ class Run:
         if self.has("participants"):
             participants = self._dataset("participants").to_table(
                 filter=pc.field("dialogue_id") == dialogue_id).sort_by("position").to_pylist()
-        return DialogueView(row, persona, turns, participants)
+        tables = {}
+        for name in ("events", "worlds"):
+            tables[name] = (self._dataset(name).to_table(
+                filter=pc.field("dialogue_id") == dialogue_id).sort_by("seq").to_pylist()
+                if self.has(name) else [])
+        return DialogueView(row, persona, turns, participants, tables["events"], tables["worlds"])
 
 
 def open_run(path: str | Path, *, verify: bool = True) -> Run:

@@ -22,7 +22,10 @@ whose personas come from a data file (``personas.source``); 1.6 ``dialogues.scen
 ``goal_met`` and ``goal_reason`` in runs with scenarios (:class:`ScenarioDialogueRow`); 1.7
 group dialogues: a ``participants`` table, ``turns.role`` and ``turns.next_speaker_reason`` in
 group runs (:class:`GroupTurnRow`, :class:`ParticipantRow`); 1.8 ``dialogues.trial`` in runs
-with trials (:func:`with_trial_column`).
+with trials (:func:`with_trial_column`); 1.9 agents that act: ``events``
+and ``worlds`` tables and ``dialogues.reward``, ``world_match`` and ``reward_detail`` in runs
+with tools (:class:`EventRow`, :class:`WorldRow`, :class:`ActionDialogueRow`).
+
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ __all__ = [
     "JSON_COLUMNS",
     "ROW_MODELS",
     "SCHEMA_VERSION",
+    "ActionDialogueRow",
     "AnnotationRow",
     "CallRow",
     "DialogueRow",
     "ErrorRow",
+    "EventRow",
     "GroupTurnRow",
     "ParticipantRow",
     "Persona",
@@ -53,6 +58,7 @@ __all__ = [
     "Row",
     "ScenarioDialogueRow",
     "TurnRow",
+    "WorldRow",
     "arrow_schema",
     "persona_of",
     "persona_row_model",
@@ -60,7 +66,7 @@ __all__ = [
     "with_trial_column",
 ]
 
-SCHEMA_VERSION = "1.8"
+SCHEMA_VERSION = "1.9"
 
 STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -158,6 +164,19 @@ class ScenarioDialogueRow(DialogueRow):
     goal_reason: OptStr = None
 
 
+class ActionDialogueRow(ScenarioDialogueRow):
+    """A dialogue of a run with tools (1.9): every :class:`ScenarioDialogueRow` column, then
+    its reward as τ² measures it. Only runs with tools store these columns."""
+
+    #: The product of the success parts the scenario asks for (``None``: it asks for none).
+    reward: Annotated[float | None, FLOAT64] = None
+    #: The final world's hash equals the gold world's (``None``: no reference actions).
+    world_match: Annotated[bool | None, BOOL] = None
+    #: JSON: each part asked for and its value (``world``, ``actions``, ``must_say``,
+    #: ``judge``), the final and gold hashes, and the reference calls not made.
+    reward_detail: OptStr = None
+
+
 @functools.cache
 def with_trial_column(model: type[DialogueRow]) -> type[DialogueRow]:
     """``model``'s dialogues row with ``trial`` last (1.8): a run with ``trials: K`` runs every
@@ -230,6 +249,54 @@ class ParticipantRow(Row):
     #: How its ECP frame names other speakers: ``prefix`` ("Ana: …") or ``name_field``.
     speaker_names: Str = "prefix"
     system_prompt: OptStr = None
+
+
+class EventRow(Row):
+    """One event of a dialogue (1.9; only runs with tools have this table): a tool call, its
+    result or a notice, with who acted and who could see it (:class:`spasm.history.Event`)."""
+
+    table: ClassVar[str] = "events"
+    keys: ClassVar[tuple[str, ...]] = ("dialogue_id", "seq")
+
+    dialogue_id: Str
+    #: 0-based order of the event in its dialogue.
+    seq: I32
+    #: The utterance whose turn the event belongs to (it happened before that utterance).
+    turn_index: I32
+    kind: Str  # tool_call | tool_result | notice
+    #: The participant who acted (``client``/``responder`` in a two-party dialogue).
+    actor: Str
+    #: Pairs a call with its result (the OpenAI tool_call_id).
+    call_id: OptStr = None
+    tool: OptStr = None
+    arguments: OptStr = None  # JSON text, as the agent wrote it
+    result: OptStr = None  # JSON text the tool returned
+    error: OptStr = None  # why the call failed (schema, exception, timeout, not its tool)
+    #: JSON list of the participant ids that may see the event.
+    visible_to: Str
+    #: The line participants other than the actor were shown for this event.
+    notice: OptStr = None
+    #: sha256 of the world's canonical JSON after the event.
+    world_sha256: OptStr = None
+
+
+class WorldRow(Row):
+    """One state of a dialogue's world (1.9; only runs with tools have this table): the
+    initial state, the state after each change, the final state, and the gold state the
+    scenario's reference actions give."""
+
+    table: ClassVar[str] = "worlds"
+    keys: ClassVar[tuple[str, ...]] = ("dialogue_id", "seq")
+
+    dialogue_id: Str
+    #: 0-based order of the states of the dialogue.
+    seq: I32
+    kind: Str  # initial | change | final | gold
+    #: The event (its ``events.seq``) that changed the world (``change`` rows only).
+    event_seq: Annotated[int | None, INT32] = None
+    world_sha256: Str
+    #: The state as canonical JSON (sorted keys, compact).
+    world: Str
 
 
 class CallRow(Row):
@@ -431,6 +498,6 @@ JSON_COLUMNS: dict[str, dict[str, type[BaseModel]]] = {
 
 #: The fixed tables and their row models (personas tables depend on the persona schema).
 ROW_MODELS: dict[str, type[Row]] = {
-    m.table: m for m in (with_trial_column(ScenarioDialogueRow), GroupTurnRow, CallRow,
-                         ErrorRow, QARow, AnnotationRow, ParticipantRow)
+    m.table: m for m in (with_trial_column(ActionDialogueRow), GroupTurnRow, CallRow,
+                         ErrorRow, QARow, AnnotationRow, ParticipantRow, EventRow, WorldRow)
 }

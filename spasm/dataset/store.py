@@ -43,6 +43,7 @@ from spasm.dataset.integrity import Damage, covered_batches, find_damage, part_r
 from spasm.dataset.outputs import aside_path
 from spasm.dataset.rows import (
     ROW_MODELS,
+    ActionDialogueRow,
     DialogueRow,
     GroupTurnRow,
     Row,
@@ -134,6 +135,10 @@ class RunStore:
     def declare_scenarios(self) -> None:
         """This run has scenarios: its dialogues table has the scenario columns."""
         self.models["dialogues"] = ScenarioDialogueRow
+
+    def declare_tools(self) -> None:
+        """This run has tools: its dialogues table has the scenario and reward columns."""
+        self.models["dialogues"] = ActionDialogueRow
 
     def declare_trials(self) -> None:
         """This run has trials: its dialogues table has ``trial`` last (after the scenario
@@ -386,6 +391,8 @@ def write_finished_run(
         store.set_persona_fields(*persona_fields)
         if tables.get("participants"):  # a group run: its turns have the group columns
             store.declare_group()
+        if tables.get("events") is not None:  # a run with tools: its dialogues' rewards
+            store.declare_tools()
         store.write_batch("000001", tables)
         store.ensure_tables(("personas", "dialogues", "turns"))
         store.compact_all()
