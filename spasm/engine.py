@@ -462,6 +462,8 @@ class Engine:
             summary.completed = len(specs) - len(todo)
             await self._execute(todo, backends, caller, summary)
             summary.failed = summary.failed or summary.bug_failure() or summary.fallback_failure()
+            for warning in summary.warnings():
+                log.warning(warning)
             finished = summary.stopped is None and only is None
         except (StructuredOutputRejectedError, EndpointRefusedError) as exc:
             summary.failed = str(exc)

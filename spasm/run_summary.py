@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from spasm.dataset.rows import SCHEMA_VERSION
 from spasm.plugins import plugin_records
 from spasm.tokens import counter_source
+from spasm.turn_order import is_moderator_fallback
 
 if TYPE_CHECKING:
     from spasm.calls import Caller
@@ -53,6 +54,11 @@ class RunSummary:
     bugs: Counter[str] = field(default_factory=Counter)
     #: Why the run failed although it may have finished (the manifest says ``failed``).
     failed: str | None = None
+    #: Dialogues with a scenario whose goal judge was asked but gave no usable verdict
+    #: (``goal_met`` stays null), and next speakers the ``llm`` moderator failed to pick
+    #: (round robin chose instead).
+    goal_unjudged: int = 0
+    moderator_fallbacks: int = 0
 
     def add(self, result: DialogueResult) -> bool:
         """Count one dialogue's result; ``True`` when it completed, ``False`` when it was
@@ -67,6 +73,12 @@ class RunSummary:
         self.new += 1
         self.completed += 1
         self.terminations[result.dialogue.termination_reason] += 1
+        if (getattr(result.dialogue, "scenario_id", None) is not None
+                and getattr(result.dialogue, "goal_met", None) is None
+                and any(r.role == "goal_judge" for r in result.calls)):
+            self.goal_unjudged += 1
+        self.moderator_fallbacks += sum(
+            1 for t in result.turns if is_moderator_fallback(getattr(t, "next_speaker_reason", None)))
         level = result.dialogue.harness_level
         fallbacks = sum(t.harness_fallbacks for t in result.turns)
         self.harness_fallbacks += fallbacks
@@ -103,6 +115,23 @@ class RunSummary:
             "backend, or a model that can follow a JSON schema."
         )
 
+    def warnings(self) -> list[str]:
+        """What degraded this pass without failing it, one sentence each (the engine logs
+        them; the summary line and the manifest count them)."""
+        out = []
+        if self.goal_unjudged:
+            out.append(
+                f"the goal judge gave no usable verdict for {self.goal_unjudged} dialogue(s): "
+                "their goal_met is null, not false. See the calls table (role goal_judge, "
+                "outcome invalid_output); set scenarios_judge.backend to a model that follows a "
+                "JSON schema, or raise scenarios_judge.max_tokens.")
+        if self.moderator_fallbacks:
+            out.append(
+                f"the llm moderator gave no usable answer {self.moderator_fallbacks} time(s); "
+                "round robin chose those speakers (turns.next_speaker_reason says which). Set "
+                "group.moderator_backend to a model that follows a JSON schema.")
+        return out
+
     def line(self) -> str:
         """The one-line summary the CLI prints."""
         parts = [f"{self.completed}/{self.planned} dialogues"]
@@ -122,6 +151,10 @@ class RunSummary:
         parts.append(f"{self.elapsed_s:.1f}s")
         if self.harness_fallbacks:
             parts.append(f"{self.harness_fallbacks} harness fallbacks")
+        if self.goal_unjudged:
+            parts.append(f"{self.goal_unjudged} goal verdicts missing")
+        if self.moderator_fallbacks:
+            parts.append(f"{self.moderator_fallbacks} moderator fallbacks")
         if self.stopped:
             parts.append(f"STOPPED: {self.stopped}")
         if self.failed:
@@ -182,6 +215,8 @@ def manifest_record(
             "errors_this_pass": dict(summary.error_types),
             "harness_fallbacks_this_pass": summary.harness_fallbacks,
             "harness_fallbacks_by_level": dict(summary.level_fallbacks),
+            "goal_unjudged_this_pass": summary.goal_unjudged,
+            "moderator_fallbacks_this_pass": summary.moderator_fallbacks,
         },
         "structured_output": {
             name: {"configured": caller.configs[name].structured_output,

@@ -36,7 +36,8 @@ from spasm.seeds import derive_seed
 from spasm.session import DialogueSession
 
 __all__ = [
-    "Choice", "NextSpeaker", "Seat", "TurnOrderSetup", "make_next_speaker", "register_next_speaker",
+    "Choice", "NextSpeaker", "Seat", "TurnOrderSetup", "is_moderator_fallback", "make_next_speaker",
+    "register_next_speaker",
 ]
 
 
@@ -188,6 +189,16 @@ def moderator_messages(history: History, seats: Sequence[Seat], allowed: Sequenc
     ]
 
 
+#: How a moderator's fallback ends its ``next_speaker_reason`` (counted by the run summary).
+FALLBACK_SUFFIX = ": round robin"
+
+
+def is_moderator_fallback(reason: str | None) -> bool:
+    """Whether a turn's ``next_speaker_reason`` says the moderator failed and round robin
+    chose (the run summary counts these)."""
+    return reason is not None and reason.startswith("moderator") and reason.endswith(FALLBACK_SUFFIX)
+
+
 class Moderator:
     """A model picks the next speaker among the allowed ids (through the one caller)."""
 
@@ -210,10 +221,10 @@ class Moderator:
             value = result.value
         except BackendError as exc:
             return Choice(_round_robin(self.setup, history),
-                          f"moderator failed ({type(exc).__name__}): round robin")
+                          f"moderator failed ({type(exc).__name__}){FALLBACK_SUFFIX}")
         if value is None:
             return Choice(_round_robin(self.setup, history),
-                          "moderator gave no usable answer: round robin")
+                          f"moderator gave no usable answer{FALLBACK_SUFFIX}")
         data = value.model_dump()
         return Choice(str(data["speaker"]), f"moderator: {str(data['reason'])[:200]}")
 

@@ -1,0 +1,100 @@
+"""Nothing silent (issue 28, items 7 to 13): degradations that are counted and said, judges that
+never default to code, outputs that never replace another's, and bad input that ends as exit 2
+with the file, the line and what to do.
+
+Through the real CLI (in-process) and the engine against the loopback test server; what is
+written is read back from disk.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from spasm.cli import main
+from spasm.config import parse_config
+from spasm.errors import ConfigError
+from spasm.testing import TestServer
+from spasm.testing.replies import default_reply
+from tests.conftest import endpoint_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = {"id": "refund", "situation": "A kettle arrived broken.", "goal": "Get a refund.",
+            "expected_outcome": "The agent issues a refund.", "context": "Refunds within 30 days."}
+
+
+def _write(tmp: Path, data: dict[str, Any], name: str = "c.json") -> Path:
+    path = tmp / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _unparsable_for(marker: str) -> Any:
+    """A server reply: requests whose system prompt holds ``marker`` get prose, never JSON."""
+    def reply(body: dict[str, Any]) -> str:
+        system = str(body["messages"][0].get("content", "")) if body.get("messages") else ""
+        if marker in system:
+            return "I think so, more or less."
+        return default_reply(body)
+    return reply
+
+
+# -- item 7: a goal judge that never parses, a moderator that never answers ---------------------
+def test_a_goal_judge_that_never_parses_is_counted_in_the_summary_and_manifest_and_warned(
+    tmp_path: Path, capsys: Any, caplog: Any
+) -> None:
+    with TestServer(reply=_unparsable_for("whether the Client's goal was met")) as srv:
+        cfg = _write(tmp_path, endpoint_config(srv.base_url, personas={"n": 2}, scenarios=[SCENARIO]))
+        assert main(["generate", "--config", str(cfg), "--out", str(tmp_path / "run"),
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "2 goal verdicts missing" in out
+    assert "the goal judge gave no usable verdict for 2 dialogue(s)" in caplog.text
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["counts"]["goal_unjudged_this_pass"] == 2
+    dialogues = pd.read_parquet(tmp_path / "run" / "dialogues.parquet")
+    assert dialogues.goal_met.isna().all()
+
+
+def test_a_goal_judge_that_answers_is_not_counted(tmp_path: Path, capsys: Any, caplog: Any) -> None:
+    with TestServer() as srv:
+        cfg = _write(tmp_path, endpoint_config(srv.base_url, personas={"n": 2}, scenarios=[SCENARIO]))
+        assert main(["generate", "--config", str(cfg), "--out", str(tmp_path / "run"),
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "goal verdicts missing" not in out and "goal judge" not in caplog.text
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["counts"]["goal_unjudged_this_pass"] == 0
+
+
+def _group(base_url: str, **overrides: Any) -> dict[str, Any]:
+    data = endpoint_config(base_url, personas={"n": 2}, **overrides, participants=[
+        {"id": "Ana", "role": "client", "backend": "srv"},
+        {"id": "Ben", "role": "client", "backend": "srv"},
+        {"id": "Host", "role": "responder", "backend": "srv"},
+    ])
+    data.pop("pairings")
+    return data
+
+
+def test_an_llm_moderator_that_never_answers_usably_is_counted_and_warned(
+    tmp_path: Path, capsys: Any, caplog: Any
+) -> None:
+    with TestServer(reply=_unparsable_for("You moderate a group conversation")) as srv:
+        data = _group(srv.base_url, group={"next_speaker": "llm", "max_utterances": 6})
+        cfg = _write(tmp_path, data)
+        assert main(["generate", "--config", str(cfg), "--out", str(tmp_path / "run"),
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    turns = pd.read_parquet(tmp_path / "run" / "turns.parquet")
+    fallbacks = int(turns.next_speaker_reason.fillna("").str.endswith(": round robin").sum())
+    assert fallbacks > 0
+    assert f"{fallbacks} moderator fallbacks" in out
+    assert f"the llm moderator gave no usable answer {fallbacks} time(s)" in caplog.text
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["counts"]["moderator_fallbacks_this_pass"] == fallbacks
