@@ -515,6 +515,39 @@ class RunConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_judge_defaults(self) -> RunConfig:
+        # A judge or a moderator left to its default asks a seat's backend; when that seat is
+        # code (kind: python, the agent under test) it would receive the judge's prompt, with
+        # the expected outcome, or the moderator's. Such a default is refused: name a model.
+        python = {n for n, b in self.backends.items() if b.kind == "python"}
+        if not python:
+            return self
+        clients = [p.client for p in self.pairing_list]
+        defaults: list[tuple[str, str | None, list[str], str]] = []
+        if self.termination.judge:
+            defaults.append(("termination.judge_backend", self.termination.judge_backend,
+                             clients, "the termination judge"))
+        if self.scenarios is not None and self.scenarios_judge.enabled:
+            defaults.append(("scenarios_judge.backend", self.scenarios_judge.backend, clients,
+                             "the goal judge (it is shown the expected outcome)"))
+        if self.personas.llm_validate or self.personas.llm_craft:
+            defaults.append(("personas.backend", self.personas.backend, clients[:1],
+                             "the persona validator and crafter"))
+        if self.participants is not None and self.group.next_speaker == "llm":
+            helper = next(s.backend for s in self.participants if s.role == "responder")
+            defaults.append(("group.moderator_backend", self.group.moderator_backend, [helper],
+                             "the next-speaker moderator"))
+        models = sorted(set(self.backends) - python) or "an openai or embedded backend you add"
+        for key, chosen, fallback, who in defaults:
+            code = sorted({b for b in fallback if b in python})
+            if chosen is None and code:
+                raise ValueError(
+                    f"{key} is not set, so {who} would ask backend {code[0]!r}, which is "
+                    f"kind: python (code, not a model): set {key} to a model backend "
+                    f"(one of {models})")
+        return self
+
+    @model_validator(mode="after")
     def _check_group(self) -> RunConfig:
         seats = self.participants
         if seats is None:

@@ -98,3 +98,62 @@ def test_an_llm_moderator_that_never_answers_usably_is_counted_and_warned(
     assert f"the llm moderator gave no usable answer {fallbacks} time(s)" in caplog.text
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["counts"]["moderator_fallbacks_this_pass"] == fallbacks
+
+
+# -- item 8: judges and moderators never default to code -----------------------------------------
+def _python_backend() -> dict[str, Any]:
+    return {"kind": "python", "target": "examples/responder.py:respond"}
+
+
+@pytest.mark.parametrize("case", ["goal_judge", "termination_judge", "moderator", "validator"])
+def test_a_judge_or_moderator_never_defaults_to_a_python_backend(case: str) -> None:
+    srv = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    data = endpoint_config("http://127.0.0.1:9/v1")
+    data["backends"] = {"srv": srv, "bot": _python_backend()}
+    if case == "goal_judge":  # the Client is the code: the judge would read the expected outcome
+        data["pairings"] = [{"client": "bot", "responder": "srv"}]
+        data["scenarios"] = [SCENARIO]
+        key = "scenarios_judge.backend"
+    elif case == "termination_judge":
+        data["pairings"] = [{"client": "srv", "responder": "srv"}, {"client": "bot", "responder": "srv"}]
+        data["termination"] = {"judge": True}
+        key = "termination.judge_backend"
+    elif case == "validator":
+        data["pairings"] = [{"client": "bot", "responder": "srv"}]
+        data["personas"] = {"n": 2, "llm_validate": True}
+        key = "personas.backend"
+    else:
+        data = _group("http://127.0.0.1:9/v1", group={"next_speaker": "llm"})
+        data["backends"]["bot"] = _python_backend()
+        data["participants"][2]["backend"] = "bot"
+        key = "group.moderator_backend"
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "c.yaml")
+    assert f"{key} is not set" in str(err.value) and "kind: python" in str(err.value)
+    assert "'srv'" in str(err.value)  # the model backend it could name
+    # Naming a model backend explicitly is the fix.
+    section, _, field = key.partition(".")
+    data.setdefault(section, {})[field] = "srv"
+    parse_config(data, "c.yaml")
+
+
+def test_a_python_responder_with_a_judge_on_the_model_client_is_accepted() -> None:
+    data = endpoint_config("http://127.0.0.1:9/v1", scenarios=[SCENARIO],
+                           termination={"judge": True})
+    data["backends"]["bot"] = _python_backend()
+    data["pairings"] = [{"client": "srv", "responder": "bot"}]
+    parse_config(data, "c.yaml")  # the defaults ask the Client, a model: nothing to refuse
+
+
+def test_the_cli_says_which_key_to_set_for_a_python_client_with_scenarios(
+    tmp_path: Path, capsys: Any
+) -> None:
+    data = endpoint_config("http://127.0.0.1:9/v1", scenarios=[SCENARIO])
+    data["backends"]["bot"] = _python_backend()
+    data["pairings"] = [{"client": "bot", "responder": "srv"}]
+    cfg = _write(tmp_path, data)
+    assert main(["generate", "--config", str(cfg), "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "scenarios_judge.backend is not set" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
