@@ -77,6 +77,7 @@ def _add_personas(sub: Any) -> None:
                        "personas from a data file (--from)")
     p.add_argument("--n", type=int, help="number of personas (with --from: default every row)")
     p.add_argument("--out", type=Path, help="output Parquet file (optional with --from)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--from", dest="source", type=Path, metavar="FILE",
                    help="preview personas from a CSV, JSONL or Parquet file or a datasets directory")
     p.add_argument("--field-map", action="append", default=[], metavar="COLUMN=FIELD",
@@ -303,7 +304,7 @@ def cmd_personas(args: argparse.Namespace) -> int:
     out: Path = args.out
     rejected_out = out.with_name(out.stem + ".rejected.parquet")
     for path in (out, rejected_out):  # never into a run's tables or over its files
-        check_output(path, "personas")
+        check_output(path, "personas", overwrite=args.overwrite)
     schema = load_schema(args.schema)
     result = anyio.run(lambda: build_personas(schema, args.n, args.seed))
     names, ints = schema.field_names, schema.integer_fields()
@@ -339,7 +340,7 @@ def _personas_from(args: argparse.Namespace) -> int:
     if args.out is not None:
         outs = [args.out, args.out.with_name(args.out.stem + ".rejected.parquet")]
         for path in outs:
-            check_output(path, "personas")
+            check_output(path, "personas", overwrite=args.overwrite)
     schema = load_schema(args.schema)
     source = load_source(args.source, schema, field_map)
     chosen = source.sample(args.n, args.seed)

@@ -157,3 +157,102 @@ def test_the_cli_says_which_key_to_set_for_a_python_client_with_scenarios(
     err = capsys.readouterr().err
     assert "scenarios_judge.backend is not set" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+# -- item 9: eval, card and personas never replace another's output ------------------------------
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("two")
+    with TestServer() as srv:
+        for name, seed in (("a", 1), ("b", 2)):
+            cfg = _write(tmp, endpoint_config(srv.base_url, seed=seed, personas={"n": 2}), f"{name}.json")
+            assert main(["generate", "--config", str(cfg), "--out", str(tmp / name),
+                         "--no-progress"]) == 0
+    return tmp / "a", tmp / "b"
+
+
+@pytest.fixture
+def runs(two_runs: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    a, b = two_runs
+    return Path(shutil.copytree(a, tmp_path / "a")), Path(shutil.copytree(b, tmp_path / "b"))
+
+
+def test_eval_of_one_run_never_replaces_another_runs_evaluation(
+    runs: tuple[Path, Path], capsys: Any
+) -> None:
+    pytest.importorskip("sklearn")
+    a, b = runs
+    assert main(["eval", str(b), "--no-progress"]) == 0
+    before = (b / "eval" / "metrics.json").read_bytes()
+    capsys.readouterr()
+    for flags in ([], ["--overwrite"]):
+        assert main(["eval", str(a), "--out", str(b / "eval"), "--no-progress", *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"is inside the run {b}" in err and "Traceback" not in err
+    assert (b / "eval" / "metrics.json").read_bytes() == before
+    # Not into a new folder of B either (it would read as B's), and the refusal of --out B
+    # suggests A's own place, not B/eval.
+    assert main(["eval", str(a), "--out", str(b / "elsewhere"), "--no-progress"]) == 2
+    assert main(["eval", str(a), "--out", str(b), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"e.g. {a / 'eval'}" in err and f"e.g. {b / 'eval'}" not in err
+    assert not (b / "elsewhere").exists()
+
+
+def test_eval_replaces_an_earlier_evaluation_outside_the_run_only_with_overwrite(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: Any
+) -> None:
+    pytest.importorskip("sklearn")
+    a, b = runs
+    out = tmp_path / "report"
+    assert main(["eval", str(b), "--out", str(out), "--no-progress"]) == 0
+    before = (out / "metrics.json").read_bytes()
+    capsys.readouterr()
+    assert main(["eval", str(a), "--out", str(out), "--no-progress"]) == 2
+    assert "pass --overwrite to replace it" in capsys.readouterr().err
+    assert (out / "metrics.json").read_bytes() == before
+    assert main(["eval", str(a), "--out", str(out), "--no-progress", "--overwrite"]) == 0
+    # Its own RUN/eval is replaced as before, without a flag.
+    assert main(["eval", str(a), "--no-progress"]) == 0
+    assert main(["eval", str(a), "--no-progress"]) == 0
+
+
+def test_card_never_writes_into_another_run_nor_over_a_file_without_overwrite(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: Any
+) -> None:
+    a, b = runs
+    assert main(["card", str(b), "--out", str(b / "card.md")]) == 0
+    before = (b / "card.md").read_bytes()
+    capsys.readouterr()
+    for flags in ([], ["--overwrite"]):
+        assert main(["card", str(a), "--out", str(b / "card.md"), *flags]) == 2
+        assert f"is inside the run {b}" in capsys.readouterr().err
+    assert (b / "card.md").read_bytes() == before
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes")
+    assert main(["card", str(a), "--out", str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert "exists; choose another file or pass --overwrite" in err and "Traceback" not in err
+    assert notes.read_text() == "my notes"
+    assert main(["card", str(a), "--out", str(notes), "--overwrite"]) == 0
+    assert notes.read_text().startswith("---")
+    # Its own run's card is written (and rewritten with --overwrite).
+    assert main(["card", str(a), "--out", str(a / "card.md")]) == 0
+    assert main(["card", str(a), "--out", str(a / "card.md")]) == 2
+    assert main(["card", str(a), "--out", str(a / "card.md"), "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("mode", ["sample", "from"])
+def test_personas_never_writes_over_an_existing_file_without_overwrite(
+    mode: str, tmp_path: Path, capsys: Any
+) -> None:
+    out = tmp_path / "people.parquet"
+    out.write_text("not mine to replace")
+    source = ["--from", str(ROOT / "configs" / "examples" / "personas.csv")]
+    argv = ["personas", "--out", str(out), *(["--n", "2"] if mode == "sample" else source)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "exists; choose another file or pass --overwrite" in err and "Traceback" not in err
+    assert out.read_text() == "not mine to replace"
+    assert main([*argv, "--overwrite"]) == 0
+    assert len(pd.read_parquet(out)) >= 2

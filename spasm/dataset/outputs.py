@@ -134,26 +134,50 @@ def _refuse_inside_run(out: Path, command: str) -> None:
         )
 
 
-def check_output(out: str | Path, command: str, *, overwrite: bool = False) -> bool:
+def _refuse_other_run(out: Path, command: str, source: Path) -> None:
+    """An output about the run ``source`` never lands inside another run, where it would read
+    as that run's (``spasm eval A --out B/eval`` would replace B's evaluation)."""
+    target = out.resolve()
+    mine = source.resolve()
+    for parent in target.parents:
+        if parent == mine or mine in parent.parents:
+            return  # inside the run it describes (or a run nested in it): its own place
+        if is_run(parent):
+            raise UserError(
+                f"--out {out} is inside the run {parent}, but spasm {command} is describing the "
+                f"run {source}: it would read as {parent.name}'s own. Write it into {source} "
+                f"(the default) or outside any run (e.g. {parent.parent / (source.name + '-' + command)}).")
+
+
+def check_output(out: str | Path, command: str, *, overwrite: bool = False,
+                 source: str | Path | None = None) -> bool:
     """Refuse an ``--out`` of ``spasm COMMAND`` that would destroy what it lands on (see the
     module docstring); returns whether ``out`` exists (a file or run to replace, a run to
     resume, a directory of this command's to replace).
 
-    ``overwrite``: the command's ``--overwrite``/``--force`` (``eval``, which always replaces
-    its own earlier output, passes ``True``).
+    ``overwrite``: the command's ``--overwrite``/``--force``; an existing file or an earlier
+    output of the command is replaced only with it (``eval`` passes ``True`` for its output
+    inside the run it evaluates). ``source``: the run the output describes (``eval``,
+    ``card``); the output may not lie inside another run.
 
     Raises:
-        UserError: the path is inside a run's tables or over its files, over a run, over a
-            directory another command (or the user) wrote, or of the wrong kind (exit 2).
+        UserError: the path is inside a run's tables or over its files, over a run, inside
+            another run than ``source``, over a directory another command (or the user)
+            wrote, over a file without ``overwrite``, or of the wrong kind (exit 2).
     """
     spec = OUTPUTS[command]
     path = Path(out)
     _refuse_inside_run(path, command)
+    if source is not None:
+        _refuse_other_run(path, command, Path(source))
     if not path.exists():
         return False
     if spec.kind == "file":
         if path.is_dir():
             raise UserError(f"--out {path} is a directory; name the file to write.")
+        if not overwrite:
+            raise UserError(f"--out {path} exists; choose another file or pass --overwrite to "
+                            "replace it.")
         return True
     if not path.is_dir():
         raise UserError(f"--out {path} is a file; name a directory for spasm {command} to write.")
@@ -170,9 +194,12 @@ def check_output(out: str | Path, command: str, *, overwrite: bool = False) -> b
             raise UserError(f"{path} holds a generated run; import into another directory (--out).")
         return True
     if is_run(path):
+        # A new folder in the run it describes (for eval, RUN/eval is that run's own
+        # evaluation: never suggested for another run's).
+        suggest = Path(source) / command if source is not None else path / command
         raise UserError(
             f"--out {path} is a run directory; spasm {command} never writes over a run, even with "
-            f"--overwrite. Choose a new directory (e.g. {path / command})."
+            f"--overwrite. Choose a new directory (e.g. {suggest})."
         )
     if not entries:
         return True

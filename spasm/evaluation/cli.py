@@ -138,6 +138,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     _add_eval_options(p)
     p.add_argument("--out", metavar="DIR", default=None, help="output directory (default RUN_DIR/eval)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier evaluation at an --out outside the run")
     p.set_defaults(func=cmd_eval)
 
     p = subparsers.add_parser(
@@ -278,6 +280,7 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
         out_dir=out,
         concurrency=args.concurrency,
         progress=False if args.no_progress else None,
+        overwrite=getattr(args, "overwrite", False),
     )
 
 

@@ -132,6 +132,7 @@ def evaluate(
     concurrency: int = 8,
     progress: bool | None = None,
     write: bool = True,
+    overwrite: bool = False,
 ) -> Metrics:
     """Compute drift, echoing and persona separability for a run directory.
 
@@ -165,6 +166,9 @@ def evaluate(
         write: write the files (``False``: only return the metrics). The probe's and the
             judge's calls are appended to the run's ``calls`` table either way, and cached in
             its ``cache.sqlite``.
+        overwrite: replace an earlier evaluation at an ``out_dir`` outside the run (one inside
+            the run, such as the default, is always replaced); ``out_dir`` is never inside
+            another run.
 
     Runs its own event loop for the LLM stages; from async code call it in a worker
     thread (``await anyio.to_thread.run_sync(functools.partial(evaluate, ...))``).
@@ -185,7 +189,8 @@ def evaluate(
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / EVAL_DIRNAME
     if write:  # before any work: never into a run's tables, over a run or another's output
-        check_output(out, "eval", overwrite=True)
+        own = out.resolve().is_relative_to(run_dir.resolve())
+        check_output(out, "eval", overwrite=overwrite or own, source=run_dir)
     if reference is not None and not Path(reference).is_dir():
         raise UserError(f"Reference {reference} is not a directory; give a run or an imported dataset.")
     llm_cm: AbstractContextManager[EvalLLM | None] = nullcontext()

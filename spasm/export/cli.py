@@ -194,7 +194,7 @@ def cmd_card(args: argparse.Namespace) -> int:
     from spasm.export.runcard import run_card
 
     if args.out is not None:  # before the work: never into a run's tables or over its files
-        check_output(args.out, "card")
+        check_output(args.out, "card", overwrite=args.overwrite, source=args.run_dir)
     text = run_card(args.run_dir, allow_unfinished=args.allow_unfinished, license=args.license,
                     language=args.language)
     if args.out is None:
@@ -222,6 +222,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                               "QA results of a whole run, as a Hub dataset card (printed, or --out FILE).")
     c.add_argument("run_dir", metavar="RUN_DIR", type=Path)
     c.add_argument("--out", type=Path, help="write the card to this file")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     c.add_argument("--license", help="license id (default: the run config's, else unknown)")
     c.add_argument("--language", default="en", help="language code (default en)")
     c.add_argument("--allow-unfinished", action="store_true", help="describe a run that is not complete")
