@@ -67,6 +67,12 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
         "harness.persona_probes answers) with the LLM judge(s)",
     )
     p.add_argument(
+        "--simulator-errors",
+        action="store_true",
+        help="review the simulated user's own errors with the LLM judge (tau2's tags and "
+        "severities); the share of failed dialogues with a critical simulator error",
+    )
+    p.add_argument(
         "--judge-backend",
         metavar="NAME",
         action="append",
@@ -200,10 +206,12 @@ def _llm_choice(args: argparse.Namespace) -> tuple[str | None, BackendConfig | N
     from spasm.config import BackendConfig, format_validation_error
 
     endpoint = args.llm_model is not None or args.llm_base_url is not None
-    if not (args.mode == "probe" or args.judge or args.consistency or args.judge_backend):
+    if not (args.mode == "probe" or args.judge or args.consistency or args.judge_backend
+            or args.simulator_errors):
         if endpoint or args.llm_backend is not None:
             raise UserError(
-                "The --llm-* options choose the LLM of --mode probe, --judge and --consistency; "
+                "The --llm-* options choose the LLM of --mode probe, --judge, --consistency and "
+                "--simulator-errors; "
                 "add one of those."
             )
         return None, None
@@ -270,6 +278,7 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
         mode=args.mode,
         judge=args.judge,
         consistency=args.consistency,
+        simulator_errors=args.simulator_errors,
         judges=list(args.judge_backend),
         llm_backend=llm_backend,
         llm_config=llm_config,
@@ -328,6 +337,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
             ]
             print(f"Persona consistency: {', '.join(parts) or 'no score'} "
                   f"({metrics.consistency.fallbacks} fallbacks)")
+        if metrics.simulator_errors is not None:
+            for r in metrics.simulator_errors.rates:
+                if r.pairing == "all" and r.failed_critical_share is not None:
+                    print(f"Failed dialogues with a critical simulator error ({r.condition}): "
+                          f"{r.failed_critical}/{r.failed} = {r.failed_critical_share:.1%}")
         if metrics.judges is not None:
             for a in metrics.judges.agreement:
                 kappa = "—" if a.kappa is None else f"{a.kappa:.2f}"

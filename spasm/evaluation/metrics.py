@@ -45,6 +45,9 @@ __all__ = [
     "ReliabilityMetrics",
     "ReliabilityRow",
     "SeparabilityGroup",
+    "SimulatorErrorMetrics",
+    "SimulatorErrorRate",
+    "SimulatorExample",
 ]
 
 SCHEMA_VERSION = 1
@@ -418,6 +421,60 @@ class ReliabilityMetrics(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
+class SimulatorErrorRate(_Model):
+    """The simulated Client's judged errors over one group of reviewed dialogues, with Wilson
+    95% intervals. ``pairing`` and ``condition`` are one or ``all``."""
+
+    pairing: str
+    condition: str
+    n: int = Field(description="dialogues reviewed")
+    with_error: int
+    critical: int = Field(description="dialogues with a critical_helped or critical_hindered error")
+    critical_share: float | None
+    critical_ci_low: float | None
+    critical_ci_high: float | None
+    critical_helped: int
+    critical_hindered: int
+    failed: int = Field(description="reviewed dialogues whose outcome is a failure")
+    failed_critical: int = Field(description="of those, dialogues with a critical simulator error")
+    failed_critical_share: float | None
+    failed_ci_low: float | None
+    failed_ci_high: float | None
+    passed: int = Field(description="reviewed dialogues whose outcome is a success")
+    passed_helped: int = Field(description="of those, dialogues with a critical_helped error")
+    passed_helped_share: float | None
+    passed_ci_low: float | None
+    passed_ci_high: float | None
+    tags: dict[str, int] = Field(description="errors by tag")
+
+
+class SimulatorExample(_Model):
+    """A critical simulator error, with the utterance it is in."""
+
+    dialogue_id: str
+    condition: str
+    turn: int
+    tags: list[str]
+    severity: str
+    reason: str
+    text: str
+
+
+class SimulatorErrorMetrics(_Model):
+    """The simulated Client's errors as an LLM judge reviews them (``--simulator-errors``)."""
+
+    judge: str
+    calls: int
+    fallbacks: int
+    misplaced: int = Field(description="errors placed on a turn that is not the Client's (dropped)")
+    reviewed: int
+    tags: dict[str, str]
+    severities: dict[str, str]
+    rates: list[SimulatorErrorRate]
+    examples: list[SimulatorExample] = Field(description="up to 10 critical errors")
+    notes: list[str] = Field(default_factory=list)
+
+
 class GroupRate(_Model):
     """Share of a condition's group dialogues a detector flags, with a Wilson 95% interval."""
 
@@ -519,5 +576,7 @@ class Metrics(_Model):
     goals: GoalMetrics | None = Field(None, description="goal success (runs with scenarios)")
     group: GroupMetrics | None = Field(None, description="role confusion (group runs)")
     reliability: ReliabilityMetrics | None = Field(None, description="pass^k (runs with trials)")
+    simulator_errors: SimulatorErrorMetrics | None = Field(
+        None, description="the simulated user's judged errors (--simulator-errors)")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

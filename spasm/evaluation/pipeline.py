@@ -67,6 +67,7 @@ from spasm.evaluation.metrics import (
     Metrics,
     RealismMetrics,
     SeparabilityGroup,
+    SimulatorErrorMetrics,
 )
 from spasm.evaluation.onset import onset_curves, onset_turn, turn_scores
 from spasm.evaluation.realism import realism_frame, realism_metrics, reference_from, z_scores
@@ -74,6 +75,7 @@ from spasm.evaluation.reliability import reliability_metrics
 from spasm.evaluation.report import report_figures, write_report
 from spasm.evaluation.report_group import GroupFrames
 from spasm.evaluation.separability import Retrieval, separability_scores
+from spasm.evaluation.simulator import simulator_stage
 from spasm.evaluation.summary import (
     echo_examples,
     echo_rate,
@@ -133,6 +135,7 @@ def evaluate(
     progress: bool | None = None,
     write: bool = True,
     overwrite: bool = False,
+    simulator_errors: bool = False,
 ) -> Metrics:
     """Compute drift, echoing and persona separability for a run directory.
 
@@ -162,6 +165,8 @@ def evaluate(
         out_dir: where to write metrics.json, per_dialogue.parquet, report.html and its figures.json
             (default ``RUN_DIR/eval``). The embedding cache always lives in ``RUN_DIR/eval``.
         concurrency: dialogues whose LLM calls are in flight at once (probe and judge).
+        simulator_errors: review the simulated user's errors with the LLM judge (τ²'s user
+            tags and severities; :mod:`spasm.evaluation.simulator`).
         progress: show progress bars (default: when stderr is a terminal).
         write: write the files (``False``: only return the metrics). The probe's and the
             judge's calls are appended to the run's ``calls`` table either way, and cached in
@@ -196,7 +201,7 @@ def evaluate(
     llm_cm: AbstractContextManager[EvalLLM | None] = nullcontext()
     judges = list(judges)
     judge = judge or (bool(judges) and not consistency)
-    uses_llm = mode == "probe" or judge or consistency
+    uses_llm = mode == "probe" or judge or consistency or simulator_errors
     # Writing eval/ into the run, or appending its LLM calls to the run's call log, is writing
     # the run: one writer at a time (a run that generate holds is refused, naming its process).
     into_run = write and out.resolve().is_relative_to(run_dir.resolve())
@@ -217,7 +222,7 @@ def evaluate(
                 data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
                 retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
                 show=show, timings=timings, reference=reference, consistency=consistency,
-                ensemble=bool(judges),
+                ensemble=bool(judges), simulator_errors=simulator_errors,
             )
         t0 = time.perf_counter()
         comparison = compare_conditions(per_dialogue, metrics, baseline=baseline, run_dir=data.run_dir)
@@ -300,6 +305,7 @@ def _evaluate(
     reference: str | Path | None = None,
     consistency: bool = False,
     ensemble: bool = False,
+    simulator_errors: bool = False,
 ) -> tuple[Metrics, pd.DataFrame, GroupResult | None]:
     """The stages, timed; see :func:`evaluate`. The third value: the group detectors' result
     (group runs only)."""
@@ -366,6 +372,13 @@ def _evaluate(
         )
         realism_cols = realism_cols.join(pd.DataFrame.from_dict(scores, orient="index", dtype=float))
         timings["consistency"] = time.perf_counter() - t0
+    simulator: SimulatorErrorMetrics | None = None
+    if simulator_errors and llm is not None:  # the simulated user's own errors (opt-in)
+        t0 = time.perf_counter()
+        simulator, sim_cols = simulator_stage(llm, data.run_dir, data.dialogues, convs,
+                                              concurrency=concurrency, show=show)
+        realism_cols = realism_cols.join(pd.DataFrame.from_dict(sim_cols, orient="index"))
+        timings["simulator_errors"] = time.perf_counter() - t0
     ensemble_metrics = (
         ensemble_report(llm, echo_by_judge if judge else None, consistency_by_judge)
         if ensemble and llm is not None
@@ -398,6 +411,7 @@ def _evaluate(
         goals=goal_metrics(convs),
         group=group.metrics if group is not None else None,
         reliability=reliability_metrics(convs),
+        simulator_errors=simulator,
         llm=llm.usage() if llm is not None else None,
         timings={},
     )

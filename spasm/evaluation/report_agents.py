@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import html
 
-from spasm.evaluation.metrics import Metrics, ReliabilityMetrics
-from spasm.evaluation.report_parts import _fmt, _table
+from spasm.evaluation.metrics import Metrics, ReliabilityMetrics, SimulatorErrorMetrics
+from spasm.evaluation.report_parts import _ci, _fmt, _table
 
 __all__ = ["outcomes_html"]
 
@@ -42,9 +42,43 @@ def _reliability_html(r: ReliabilityMetrics) -> str:
     )
 
 
+def _simulator_html(s: SimulatorErrorMetrics) -> str:
+    table = _table(
+        ["pairing", "condition", "reviewed", "with an error", "critical", "share", "95% CI",
+         "failed", "failed with a critical error", "share", "95% CI", "passed",
+         "passed with critical_helped", "share", "95% CI"],
+        [[r.pairing, r.condition, r.n, r.with_error, r.critical, r.critical_share,
+          _ci(r.critical_ci_low, r.critical_ci_high), r.failed, r.failed_critical,
+          r.failed_critical_share, _ci(r.failed_ci_low, r.failed_ci_high), r.passed,
+          r.passed_helped, r.passed_helped_share, _ci(r.passed_ci_low, r.passed_ci_high)]
+         for r in s.rates],
+    )
+    overall = next((r for r in s.rates if r.pairing == "all" and r.condition == "all"), None)
+    tags = ", ".join(f"{html.escape(t)} {n}" for t, n in (overall.tags if overall else {}).items())
+    examples = "".join(
+        f"<li><b>{html.escape(e.dialogue_id)}</b> ({html.escape(e.condition.upper())}) utterance "
+        f"{e.turn}: {html.escape(', '.join(e.tags))}, {html.escape(e.severity)} — "
+        f"{html.escape(e.reason)}<blockquote>{html.escape(e.text)}</blockquote></li>"
+        for e in s.examples)
+    defs = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
+                   for k, v in {**s.severities, **s.tags}.items())
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in s.notes)
+    return (
+        "<h2>The simulated user's errors (LLM-judged)</h2>"
+        f"<p class='meta'>Judge {html.escape(s.judge)}: {s.reviewed} dialogues reviewed, "
+        f"{s.calls} calls, {s.fallbacks} fallbacks. A failed dialogue with a critical "
+        "simulator error may be the simulator's failure, not the agent's.</p>"
+        f"{table}<p class='meta'>Errors by tag: {tags or 'none'}.</p>"
+        + (f"<h3>Critical errors (up to 10)</h3><ul>{examples}</ul>" if examples else "")
+        + f"<ul class='notes'>{defs}{notes}</ul>"
+    )
+
+
 def outcomes_html(metrics: Metrics) -> str:
     """The section's HTML (``""`` when the run has neither trials nor judged simulator errors)."""
     parts = []
     if metrics.reliability is not None:
         parts.append(_reliability_html(metrics.reliability))
+    if metrics.simulator_errors is not None:
+        parts.append(_simulator_html(metrics.simulator_errors))
     return "".join(parts)
