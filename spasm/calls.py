@@ -27,9 +27,11 @@ only from backends whose replies are a function of the request (``Backend.cachea
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
+import os
 import random
 import sqlite3
 import threading
@@ -77,7 +79,9 @@ W = TypeVar("W")
 
 
 class Cache:
-    """A request-hash → completion store in SQLite (WAL; survives kill -9)."""
+    """A request-hash → completion store in SQLite (WAL; survives kill -9). A full disk is
+    an ``OSError`` (ENOSPC) naming the cache, never a damaged cache or a bug
+    (:func:`spasm.errors.disk_full`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -89,16 +93,27 @@ class Cache:
                 "CREATE TABLE IF NOT EXISTS completions (key TEXT PRIMARY KEY, value TEXT)")
             self._db.execute("SELECT count(*) FROM completions").fetchone()
         except sqlite3.DatabaseError as exc:
+            self._raise_if_full(exc)
             raise UserError(
                 f"The request cache {path} is damaged ({exc}). Delete it and rerun: finished "
                 "dialogues are kept; the others pay their calls again (or set engine.cache: false)."
             ) from None
         self._lock = threading.Lock()
 
+    def _raise_if_full(self, exc: sqlite3.Error) -> None:
+        """SQLite's "database or disk is full" as the ``OSError`` it is (ENOSPC)."""
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path)) from exc
+
     def get(self, key: str) -> Completion | None:
         """The cached completion of ``key``; a damaged entry is a miss (and is asked again)."""
         with self._lock:
-            row = self._db.execute("SELECT value FROM completions WHERE key=?", (key,)).fetchone()
+            try:
+                row = self._db.execute("SELECT value FROM completions WHERE key=?",
+                                       (key,)).fetchone()
+            except sqlite3.OperationalError as exc:
+                self._raise_if_full(exc)
+                raise
         if row is None:
             return None
         try:
@@ -118,7 +133,11 @@ class Cache:
             }
         )
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO completions VALUES (?, ?)", (key, value))
+            try:
+                self._db.execute("INSERT OR REPLACE INTO completions VALUES (?, ?)", (key, value))
+            except sqlite3.OperationalError as exc:
+                self._raise_if_full(exc)
+                raise
 
     def close(self) -> None:
         with self._lock:

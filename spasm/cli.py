@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spasm.errors import ConfigError, SpasmError, UserError
+from spasm.errors import ConfigError, SpasmError, UserError, disk_full
 from spasm.exits import RUN_EXIT, TERMINATION, interrupted, outcome_code
 
 log = logging.getLogger("spasm")
@@ -412,9 +412,9 @@ _INPUT_ERRNOS = {errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.EACCES, errno.E
 
 def _os_error(exc: OSError) -> tuple[str, int]:
     where = f" {exc.filename}" if exc.filename else ""
-    if exc.errno == errno.ENOSPC:
-        return (f"no space left on the device writing{where}. Free some space and rerun the same "
-                "command: committed work is kept.", RUN_EXIT["failed"])
+    if disk_full(exc):
+        return (f"no space left on the device{' writing' + where if where else ''}. Free some "
+                "space and rerun the same command: committed work is kept.", RUN_EXIT["failed"])
     if exc.errno in _INPUT_ERRNOS:
         return (f"cannot write{where}: {exc.strerror}. Choose another --out (a writable "
                 "directory).", RUN_EXIT["usage"])

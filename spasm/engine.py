@@ -36,6 +36,7 @@ from spasm.errors import (
     EndpointRefusedError,
     StructuredOutputRejectedError,
     UserError,
+    disk_full,
 )
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
 from spasm.finish import complete_run
@@ -468,6 +469,10 @@ class Engine:
         except (StructuredOutputRejectedError, EndpointRefusedError) as exc:
             summary.failed = str(exc)
             raise
+        except OSError as exc:
+            if disk_full(exc):
+                summary.failed = f"no space left on the device ({exc.filename or exc})"
+            raise
         finally:
             summary.elapsed_s = time.perf_counter() - t0
             summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
@@ -484,7 +489,12 @@ class Engine:
                     status = (
                         "failed" if summary.failed else "stopped" if summary.stopped else "incomplete"
                     )
-                self._manifest(summary, caller, status, started)
+                try:
+                    self._manifest(summary, caller, status, started)
+                except OSError as exc:
+                    if not (disk_full(exc) and summary.failed):
+                        raise
+                    # the disk is still full: the error being raised says so, with its file
             if cache is not None:
                 cache.close()
         return summary
@@ -621,6 +631,12 @@ class Engine:
             raise UserError(problem)
 
 
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first exception of a (nested) group."""
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 class _Scheduler:
     """One pass's dialogues in flight: ``workers`` tasks take planned dialogues one at a time,
     their results are committed in batches (full, or after :data:`FLUSH_AFTER_S`), the bar
@@ -714,6 +730,9 @@ class _Scheduler:
         except BaseExceptionGroup as group:
             budget, rest = group.split(BudgetExceededError)
             if rest is not None:
+                full, _ = rest.split(disk_full)  # the environment: the CLI's disk-full message
+                if full is not None:
+                    raise _first(full) from None
                 raise (self.caller.stop_reason or rest) from None
             assert budget is not None
             self.summary.stopped = str(budget.exceptions[0])

@@ -27,10 +27,16 @@ The hierarchy, in one place::
         └── FormatError                 a row or table does not match the run format
 
 Every message says what went wrong and, where we can tell, how to fix it.
+
+A full disk is none of these: it is the environment. It stays an ``OSError`` with
+``errno.ENOSPC`` (the request cache turns SQLite's "database or disk is full" into one), which
+:func:`disk_full` recognises: a dialogue that meets it is not quarantined, the run stops with
+everything committed so far kept, and the CLI says to free space and rerun.
 """
 
 from __future__ import annotations
 
+import errno
 from typing import ClassVar
 
 
@@ -192,3 +198,17 @@ class EndpointRefusedError(RunError):
             f"Backend {backend!r} refused the first {count} calls with {status}: {_clip(message)}."
             f"{hint} Nothing more was sent; rerun the same command once it is fixed."
         )
+
+
+#: errno values of a full disk (or a full quota).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is the disk being full: an ``OSError`` with ENOSPC or EDQUOT (pyarrow's
+    write errors carry the errno in their text only)."""
+    if not isinstance(exc, OSError):
+        return False
+    if exc.errno in DISK_FULL_ERRNOS:
+        return True
+    return exc.errno is None and "No space left on device" in str(exc)

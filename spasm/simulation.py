@@ -20,7 +20,7 @@ from typing import Protocol
 
 from spasm.agents import Turn, TurnAgent
 from spasm.dataset.rows import EventRow, GroupTurnRow, TurnRow
-from spasm.errors import BudgetExceededError, RunError
+from spasm.errors import BudgetExceededError, RunError, disk_full
 from spasm.history import Event, History
 from spasm.projection import messages_digest
 from spasm.session import DialogueSession
@@ -144,6 +144,8 @@ async def _guarded(
     except BudgetExceededError:
         raise
     except Exception as exc:
+        if disk_full(exc):
+            raise  # the environment, not the dialogue's fault: the run stops, nothing quarantined
         out.error = exc
         if not isinstance(exc, RunError):
             out.traceback = "".join(traceback.format_exception(exc))
