@@ -42,13 +42,14 @@ from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_
 from spasm.finish import complete_run
 from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas, build_source_personas
 from spasm.personas import load_schema
-from spasm.personas.sources import SourceCandidate, load_source
+from spasm.personas.sources import SourceCandidate, SourcePersonas, load_source
 from spasm.plugins import load_plugins
 from spasm.run_summary import RunSummary, manifest_record, progress_lines
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
 from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
 from spasm.scenarios import (
     SCENARIO_COLUMN,
+    digest_record,
     own_scenario,
     run_scenarios,
     scenario_changes,
@@ -130,6 +131,10 @@ class Engine:
         #: when the run directory is checked, ``None`` in a run without scenarios or one
         #: written before the record existed.
         self._scenarios: dict[str, Any] | None = None
+        #: The same for the rows of ``personas.source`` (``None``: no source, or a run
+        #: written before the record existed), and the file as read for it.
+        self._personas_source: dict[str, Any] | None = None
+        self._loaded_source: SourcePersonas | None = None
 
     # -- set-up ----------------------------------------------------------------------------
     def _check_run_dir(self) -> bool:
@@ -138,6 +143,7 @@ class Engine:
             raise UserError(f"--out {self.run_dir} is a file; name a directory for the run.")
         check_output(self.run_dir, "generate", overwrite=self.overwrite)
         self._scenarios = scenarios_record(self.config)
+        self._personas_source = self._source_record()
         cfg_file = self.run_dir / "config.json"
         if not cfg_file.exists():
             if self.run_dir.exists() and any(
@@ -171,7 +177,50 @@ class Engine:
             self._refuse_legacy_ids()
             self._check_schema(old.get("persona_schema"))
             self._check_scenarios()
+            self._check_personas_source()
         return self.overwrite
+
+    def _source_record(self) -> dict[str, Any] | None:
+        """What the manifest records of the rows of ``personas.source`` (by source id, as the
+        file gives them: an edited, added or removed row changes it); ``None`` without one."""
+        pc = self.config.personas
+        if pc.source is None:
+            return None
+        source = load_source(pc.source, load_schema(pc.schema_file), pc.field_map)
+        self._loaded_source = source
+        rows: dict[str, Any] = {c.source_id: c.raw for c in source.accepted}
+        for r in source.rejected:  # a rejected row edited into a usable one counts as well
+            rows[str(r["source_id"])] = {k: v for k, v in r.items() if k not in ("draw", "reasons")}
+        return digest_record(pc.source, rows)
+
+    def _manifest_record(self, key: str) -> dict[str, Any] | None:
+        """The record the run's manifest keeps under ``key``, or ``None`` (no manifest yet, an
+        unreadable one, or a run written before the record existed)."""
+        try:
+            manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        stored = manifest.get(key) if isinstance(manifest, dict) else None
+        return stored if isinstance(stored, dict) and isinstance(stored.get("sha256"), str) else None
+
+    def _check_personas_source(self) -> None:
+        """A resumed run keeps the personas it read from ``personas.source``: an edit of the
+        file would change nothing ("0 new"), so it is refused, as a scenario file's is."""
+        now = self._personas_source
+        if now is None or not self.store.parts("personas"):
+            return  # no source, or no personas stored yet: they are read from the file as it is
+        stored = self._manifest_record("personas_source")
+        if stored is None:
+            self._personas_source = None  # an older run: no record, so no check
+            return
+        if stored["sha256"] == now["sha256"]:
+            return
+        raise UserError(
+            f"the persona file {self.config.personas.source} changed since {self.run_dir} was "
+            f"started ({scenario_changes(stored, now, 'rows')}); its stored personas are the rows "
+            "as they were, so resuming would not apply the edit. Restore the file as it was to "
+            "resume, or start a new run with another --out (or --overwrite to replace this one)."
+        )
 
     def _schema_digest(self) -> str:
         """The persona schema's content (as parsed: comments and layout do not count)."""
@@ -258,6 +307,8 @@ class Engine:
         )
         if self._scenarios is not None:  # checked when the run is resumed (_check_scenarios)
             record["scenarios"] = self._scenarios
+        if self._personas_source is not None:  # and this (_check_personas_source)
+            record["personas_source"] = self._personas_source
         write_json(self.run_dir / "manifest.json", record)
 
     async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
@@ -597,7 +648,9 @@ class Engine:
         pc, cfg = self.config.personas, self.config
         assert pc.source is not None
         schema = load_schema(pc.schema_file)
-        source = await anyio.to_thread.run_sync(load_source, pc.source, schema, pc.field_map)
+        source = self._loaded_source  # read by _check_run_dir for the manifest's record
+        if source is None:
+            source = await anyio.to_thread.run_sync(load_source, pc.source, schema, pc.field_map)
         chosen = source.sample(pc.n, cfg.seed)
         self._check_plan_size(chosen)
         backend = pc.backend or cfg.pairing_list[0].client

@@ -274,12 +274,19 @@ def scenarios_record(config: RunConfig) -> dict[str, Any] | None:
     scenarios = run_scenarios(config)
     if scenarios is None:
         return None
-    by_id = {s.id: _digest(s.model_dump(mode="json")) for s in scenarios}
-    record: dict[str, Any] = {
-        "source": config.scenarios if isinstance(config.scenarios, str) else "config",
-        "count": len(scenarios),
-        "sha256": _digest(sorted(by_id.items())),
-    }
+    return digest_record(config.scenarios if isinstance(config.scenarios, str) else "config",
+                         {s.id: s.model_dump(mode="json") for s in scenarios})
+
+
+def digest_record(source: str, items: Mapping[str, Any]) -> dict[str, Any]:
+    """What a manifest records of a set of items by id, so a resume can tell an edit of the
+    file they came from (the scenarios: :func:`scenarios_record`; the rows of a persona file):
+    ``source``, ``count``, ``sha256`` of the whole set and ``by_id``, each item's digest (first
+    16 hex digits; up to :data:`MAX_RECORDED_IDS` items). :func:`scenario_changes` says what
+    differs between two."""
+    by_id = {k: _digest(v) for k, v in items.items()}
+    record: dict[str, Any] = {"source": source, "count": len(by_id),
+                              "sha256": _digest(sorted(by_id.items()))}
     if len(by_id) <= MAX_RECORDED_IDS:
         record["by_id"] = {k: v[:16] for k, v in sorted(by_id.items())}
     return record
@@ -290,16 +297,16 @@ def _listed(ids: Sequence[str], limit: int = 8) -> str:
     return ", ".join(ids[:limit]) + more
 
 
-def scenario_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
-    """What differs between two :func:`scenarios_record` s, for messages: the ids changed,
-    added and removed (or, without ``by_id``, the counts)."""
+def scenario_changes(old: Mapping[str, Any], new: Mapping[str, Any], noun: str = "scenarios") -> str:
+    """What differs between two :func:`digest_record` s, for messages: the ids changed,
+    added and removed (or, without ``by_id``, the counts of ``noun``)."""
     before, after = old.get("by_id"), new.get("by_id")
     if not isinstance(before, Mapping) or not isinstance(after, Mapping):
-        return (f"{old.get('count', '?')} scenarios before, {new.get('count', '?')} now; "
+        return (f"{old.get('count', '?')} {noun} before, {new.get('count', '?')} now; "
                 "their content differs")
     changed = sorted(k for k in before.keys() & after.keys() if before[k] != after[k])
     added = sorted(after.keys() - before.keys())
     removed = sorted(before.keys() - after.keys())
     parts = [f"{what}: {_listed(ids)}" for what, ids in
              (("changed", changed), ("added", added), ("removed", removed)) if ids]
-    return "; ".join(parts) or "the scenario set's digest differs"
+    return "; ".join(parts) or f"the digest of the {noun} differs"

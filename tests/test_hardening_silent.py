@@ -256,3 +256,48 @@ def test_personas_never_writes_over_an_existing_file_without_overwrite(
     assert out.read_text() == "not mine to replace"
     assert main([*argv, "--overwrite"]) == 0
     assert len(pd.read_parquet(out)) >= 2
+
+
+# -- item 11: an edited personas.source is refused on resume, as a scenario file is ---------------
+_ROWS = ("id,first_name,age,occupation,city,concern,emotion,motivation\n"
+         "a1,Aisha,34,Nurse,Leeds,a card payment I do not recognise,anxious,wants it reversed\n"
+         "a2,Tomasz,67,Retiree,Gdansk,my pension arrived late,frustrated,needs a guarantee\n")
+
+
+@pytest.mark.parametrize("edit", ["changed", "added", "removed", "rejected_row_fixed"])
+def test_an_edited_persona_file_is_refused_on_resume_naming_the_rows(
+    edit: str, server: TestServer, tmp_path: Path, capsys: Any
+) -> None:
+    people = tmp_path / "people.csv"
+    rows = _ROWS + ("a3,,,,,,,\n" if edit == "rejected_row_fixed" else "")
+    people.write_text(rows)
+    data = endpoint_config(server.base_url, personas={"source": str(people)})
+    data["personas"].pop("n", None)
+    cfg = _write(tmp_path, data)
+    argv = ["generate", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 0
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["personas_source"]["count"] == (3 if edit == "rejected_row_fixed" else 2)
+    capsys.readouterr()
+    # The same file: nothing to do, and said so as before.
+    assert main(argv) == 0
+    assert "0 new" in capsys.readouterr().out
+    before = (tmp_path / "run" / "dialogues.parquet").exists()
+    if edit == "changed":
+        people.write_text(rows.replace("Leeds", "York"))
+    elif edit == "added":
+        people.write_text(rows + "a9,Mei,29,Barista,Vancouver,billed twice,annoyed,wants it fixed\n")
+    elif edit == "removed":
+        people.write_text(rows.rsplit("a2,", 1)[0])
+    else:
+        fixed = "a3,Mei,29,Barista,Vancouver,billed twice,annoyed,wants it"
+        people.write_text(rows.replace("a3,,,,,,,", fixed))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    expected = {"changed": "changed: a1", "added": "added: a9", "removed": "removed: a2",
+                "rejected_row_fixed": "changed: a3"}[edit]
+    assert f"the persona file {people} changed since" in err and expected in err, err
+    assert "Traceback" not in err and before
+    # Restoring the file resumes again; --overwrite starts over with the edit.
+    people.write_text(rows)
+    assert main(argv) == 0
