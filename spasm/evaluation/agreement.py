@@ -20,7 +20,6 @@ numbered raters per dialogue.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
@@ -30,6 +29,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from spasm.dataset import open_run
+from spasm.evaluation.stats import finite
 
 __all__ = [
     "ECHO_LABELS",
@@ -112,10 +112,6 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 # -- statistics ----------------------------------------------------------------------------
 
 
@@ -128,7 +124,7 @@ def cohen_kappa(a: Sequence[object], b: Sequence[object]) -> float | None:
         raise ValueError("the two label lists differ in length")
     if len(a) < 2 or len(set(a) | set(b)) < 2:
         return None
-    return _finite(float(cohen_kappa_score([str(x) for x in a], [str(x) for x in b])))
+    return finite(float(cohen_kappa_score([str(x) for x in a], [str(x) for x in b])))
 
 
 def fleiss_kappa(counts: np.ndarray) -> float | None:
@@ -146,7 +142,7 @@ def fleiss_kappa(counts: np.ndarray) -> float | None:
     p_bar, p_e = float(p_item.mean()), float((p_cat * p_cat).sum())
     if p_e >= 1.0:
         return None
-    return _finite((p_bar - p_e) / (1.0 - p_e))
+    return finite((p_bar - p_e) / (1.0 - p_e))
 
 
 # -- labels --------------------------------------------------------------------------------

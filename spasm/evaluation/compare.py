@@ -26,7 +26,7 @@ from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
 from spasm.evaluation.metrics import GoalMetrics, GroupMetrics, Metrics
 from spasm.evaluation.realism import REALISM_METRICS
-from spasm.evaluation.stats import cohen_dz_interval, holm, mean_ci, paired_test
+from spasm.evaluation.stats import cohen_dz_interval, finite, holm, mean_ci, paired_test
 from spasm.registry import ordered_conditions
 
 __all__ = [
@@ -155,13 +155,6 @@ class Comparison(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
-def _finite(x: object) -> float | None:
-    if x is None or isinstance(x, (str, bool)):
-        return None
-    value = float(x)  # type: ignore[arg-type]
-    return value if math.isfinite(value) else None
-
-
 def _groups(metrics: Metrics | None) -> list[GroupLevel]:
     if metrics is None:
         return []
@@ -233,9 +226,9 @@ def compare_conditions(
                     metric=m,
                     condition=cond,
                     n=n,
-                    mean=_finite(mean),
-                    ci_low=_finite(low),
-                    ci_high=_finite(high),
+                    mean=finite(mean),
+                    ci_low=finite(low),
+                    ci_high=finite(high),
                 )
             )
 
@@ -258,7 +251,7 @@ def compare_conditions(
                 a, b = _paired(cells, key, first, cond, m, scope)
                 res = paired_test(a, b)
                 n_pairs = int(res["n_pairs"] or 0)
-                dz = _finite(res["cohen_d"])
+                dz = finite(res["cohen_d"])
                 low, high = cohen_dz_interval(dz, n_pairs) if dz is not None else (math.nan, math.nan)
                 family.append(
                     Contrast(
@@ -267,16 +260,16 @@ def compare_conditions(
                         condition=cond,
                         pairing=scope,
                         n_pairs=n_pairs,
-                        mean_baseline=_finite(res["mean_a"]),
-                        mean_condition=_finite(res["mean_b"]),
-                        delta=_finite(res["delta"]),
-                        delta_ci_low=_finite(res["delta_ci_low"]),
-                        delta_ci_high=_finite(res["delta_ci_high"]),
+                        mean_baseline=finite(res["mean_a"]),
+                        mean_condition=finite(res["mean_b"]),
+                        delta=finite(res["delta"]),
+                        delta_ci_low=finite(res["delta_ci_low"]),
+                        delta_ci_high=finite(res["delta_ci_high"]),
                         effect_size=dz,
-                        effect_ci_low=_finite(low),
-                        effect_ci_high=_finite(high),
-                        p_ttest=_finite(res["p_ttest"]),
-                        p_wilcoxon=_finite(res["p_wilcoxon"]),
+                        effect_ci_low=finite(low),
+                        effect_ci_high=finite(high),
+                        p_ttest=finite(res["p_ttest"]),
+                        p_wilcoxon=finite(res["p_wilcoxon"]),
                         p_holm=None,
                         significant=False,
                         note=None if res["note"] is None else str(res["note"]),

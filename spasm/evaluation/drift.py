@@ -35,10 +35,11 @@ from spasm.evaluation.embeddings import FloatArray
 from spasm.evaluation.llm import PROBE_ROLE, EvalSession
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import ConditionSummary, DriftPoint, PairedComparison
-from spasm.evaluation.stats import mean_ci, paired_test
+from spasm.evaluation.stats import finite, mean_ci, paired_test
 from spasm.registry import condition_rank
 
 __all__ = [
+    "DRIFT_DIMENSIONS",
     "PERSONA_DIMENSIONS",
     "UTTERANCE_DIMENSION",
     "DriftSeries",
@@ -54,8 +55,14 @@ __all__ = [
     "references",
 ]
 
+#: The persona dimensions of drift (the columns ``drift_<dimension>``), each anchored on the
+#: persona field at the same place in :data:`spasm.personas.sources.DIMENSIONS` (the dimension
+#: ``concerns`` on the field ``concern``).
 PERSONA_DIMENSIONS: tuple[str, ...] = ("concerns", "emotion", "motivation")
 UTTERANCE_DIMENSION = "utterance"
+#: Every drift dimension, in reporting order: what metrics.json, the per-dialogue table, the
+#: group stage and the report list.
+DRIFT_DIMENSIONS: tuple[str, ...] = (UTTERANCE_DIMENSION, *PERSONA_DIMENSIONS)
 DriftSeries = dict[str, dict[str, npt.NDArray[np.float64]]]
 """dialogue_id -> dimension -> drift at each client turn (NaN where unavailable)."""
 
@@ -315,18 +322,12 @@ def condition_summaries(
                 dimension=dim,
                 condition=cond,
                 n_dialogues=n,
-                mean=_finite(mean),
-                ci_low=_finite(low),
-                ci_high=_finite(high),
+                mean=finite(mean),
+                ci_low=finite(low),
+                ci_high=finite(high),
             )
         )
     return out
-
-
-def _finite(x: float | int | str | None) -> float | None:
-    if x is None or isinstance(x, str):
-        return None
-    return float(x) if math.isfinite(x) else None
 
 
 def paired_comparisons(
@@ -380,14 +381,14 @@ def paired_comparisons(
                     dimension=dim,
                     pairing=scope,
                     n_pairs=int(res["n_pairs"] or 0),
-                    mean_ecp=_finite(res["mean_a"]),
-                    mean_concat=_finite(res["mean_b"]),
-                    delta=_finite(res["delta"]),
-                    delta_ci_low=_finite(res["delta_ci_low"]),
-                    delta_ci_high=_finite(res["delta_ci_high"]),
-                    cohen_d=_finite(res["cohen_d"]),
-                    p_ttest=_finite(res["p_ttest"]),
-                    p_wilcoxon=_finite(res["p_wilcoxon"]),
+                    mean_ecp=finite(res["mean_a"]),
+                    mean_concat=finite(res["mean_b"]),
+                    delta=finite(res["delta"]),
+                    delta_ci_low=finite(res["delta_ci_low"]),
+                    delta_ci_high=finite(res["delta_ci_high"]),
+                    cohen_d=finite(res["cohen_d"]),
+                    p_ttest=finite(res["p_ttest"]),
+                    p_wilcoxon=finite(res["p_wilcoxon"]),
                     note=None if res["note"] is None else str(res["note"]),
                 )
             )

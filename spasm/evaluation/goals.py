@@ -7,21 +7,16 @@ same personas, seeds and scenarios is ``goal_met`` in :mod:`spasm.evaluation.com
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import GoalMetrics, GoalRate
-from spasm.evaluation.stats import wilson_interval
+from spasm.evaluation.stats import finite, wilson_interval
 from spasm.registry import condition_rank
 
 __all__ = ["goal_metrics"]
 
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 def goal_metrics(conversations: Sequence[Conversation]) -> GoalMetrics | None:
@@ -46,7 +41,7 @@ def goal_metrics(conversations: Sequence[Conversation]) -> GoalMetrics | None:
         low, high = wilson_interval(met, len(decided))
         rates.append(GoalRate(
             pairing=pairing, condition=condition, scenario_id=scenario, n=len(decided), n_met=met,
-            rate=met / len(decided) if decided else None, ci_low=_finite(low), ci_high=_finite(high),
+            rate=met / len(decided) if decided else None, ci_low=finite(low), ci_high=finite(high),
             undecided=len(values) - len(decided),
         ))
     return GoalMetrics(rates=rates, scenarios=len({c.scenario_id for c in convs}))

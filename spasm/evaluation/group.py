@@ -47,7 +47,7 @@ import pandas as pd
 
 from spasm.dataset.reader import Run, open_run
 from spasm.errors import UserError
-from spasm.evaluation.drift import PERSONA_DIMENSIONS, UTTERANCE_DIMENSION, cheap_drift, dialogue_means
+from spasm.evaluation.drift import DRIFT_DIMENSIONS, cheap_drift, dialogue_means
 from spasm.evaluation.echoing import (
     DEFAULT_THRESHOLD,
     PARROT_OFFSET,
@@ -65,11 +65,10 @@ from spasm.evaluation.metrics import (
     GroupRate,
     GroupStat,
 )
-from spasm.evaluation.stats import mean_ci, wilson_interval
+from spasm.evaluation.stats import finite, mean_ci, wilson_interval
 from spasm.registry import condition_rank
 
 __all__ = [
-    "DRIFT_DIMENSIONS",
     "ECHO_THRESHOLD",
     "LOOP_MIN",
     "Address",
@@ -95,7 +94,6 @@ __all__ = [
 ECHO_THRESHOLD = DEFAULT_THRESHOLD + PARROT_OFFSET
 #: A two-participant alternation this long (utterances), with three or more present, is a loop.
 LOOP_MIN = 6
-DRIFT_DIMENSIONS: tuple[str, ...] = (UTTERANCE_DIMENSION, *PERSONA_DIMENSIONS)
 
 Embed = Callable[[list[str]], FloatArray]
 
@@ -495,10 +493,6 @@ DEFINITIONS: dict[str, str] = {
 }
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def _mean(values: Sequence[float]) -> float:
     finite = [v for v in values if math.isfinite(v)]
     return sum(finite) / len(finite) if finite else math.nan
@@ -617,11 +611,11 @@ def _aggregate(dialogues: pd.DataFrame, people: pd.DataFrame, examples: list[Gro
             low, high = wilson_interval(k, len(flags))
             rates.append(GroupRate(metric=name, condition=cond, n=len(flags), n_flagged=k,
                                    rate=k / len(flags) if flags else None,
-                                   ci_low=_finite(low), ci_high=_finite(high)))
+                                   ci_low=finite(low), ci_high=finite(high)))
         for name, column in _MEAN_COLUMNS.items():
             mean, low, high, n = mean_ci([float(v) for v in rows[column]])
-            stats.append(GroupStat(metric=name, condition=cond, n=n, mean=_finite(mean),
-                                   ci_low=_finite(low), ci_high=_finite(high)))
+            stats.append(GroupStat(metric=name, condition=cond, n=n, mean=finite(mean),
+                                   ci_low=finite(low), ci_high=finite(high)))
     for keys, rows in people.groupby(["participant_id", "role", "condition"], sort=False):
         pid, role, cond = (str(k) for k in keys)
         share = mean_ci([float(v) for v in rows["impersonation_share"]])
@@ -629,10 +623,10 @@ def _aggregate(dialogues: pd.DataFrame, people: pd.DataFrame, examples: list[Gro
         by_participant.append(GroupParticipantStat(
             participant_id=pid, role=role, condition=cond, n_dialogues=len(rows),
             n_utterances=int(rows["n_utterances"].sum()), impersonations=int(rows["impersonations"].sum()),
-            impersonation_share=_finite(share[0]), impersonation_ci_low=_finite(share[1]),
-            impersonation_ci_high=_finite(share[2]), addressed=int(rows["addressed"].sum()),
-            silences=int(rows["silences"].sum()), echo_max=_finite(_mean(list(rows["echo_max"]))),
-            drift_utterance=_finite(drift[0]),
+            impersonation_share=finite(share[0]), impersonation_ci_low=finite(share[1]),
+            impersonation_ci_high=finite(share[2]), addressed=int(rows["addressed"].sum()),
+            silences=int(rows["silences"].sum()), echo_max=finite(_mean(list(rows["echo_max"]))),
+            drift_utterance=finite(drift[0]),
         ))
     by_participant.sort(key=lambda s: (*condition_rank(s.condition), s.participant_id))
     order = {"impersonation": 0, "echo": 1, "silence": 2, "loop": 3}

@@ -40,8 +40,8 @@ from spasm.evaluation.metrics import (
     JudgeEnsemble,
     JudgeResult,
 )
-from spasm.evaluation.stats import mean_ci
-from spasm.evaluation.summary import finite, group_key
+from spasm.evaluation.stats import finite, mean_ci
+from spasm.evaluation.summary import group_key
 
 __all__ = ["consistency_stage", "echo_judges", "ensemble_report"]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from spasm.evaluation.echoing import quote
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import LanguageFlag, LanguageMetrics, LanguageStat
-from spasm.evaluation.stats import mean_ci
-from spasm.evaluation.summary import finite, group_key
+from spasm.evaluation.stats import finite, mean_ci
+from spasm.evaluation.summary import group_key
 from spasm.language import (
     DEFAULT_LANGUAGE,
     MIN_CONFIDENCE,

@@ -35,6 +35,8 @@ from spasm.errors import UserError
 from spasm.evaluation.agreement import human_agreement
 from spasm.evaluation.compare import Comparison, compare_conditions, write_comparison
 from spasm.evaluation.drift import (
+    DRIFT_DIMENSIONS,
+    PERSONA_DIMENSIONS,
     DriftSeries,
     cheap_drift,
     condition_summaries,
@@ -76,11 +78,11 @@ from spasm.evaluation.report import report_figures, write_report
 from spasm.evaluation.report_group import GroupFrames
 from spasm.evaluation.separability import Retrieval, separability_scores
 from spasm.evaluation.simulator import simulator_stage
+from spasm.evaluation.stats import finite
 from spasm.evaluation.summary import (
     echo_examples,
     echo_rate,
     echo_rates,
-    finite,
     group_key,
     kappa,
 )
@@ -476,7 +478,7 @@ def _drift(
             "pairing and harness level, so ECP vs CONCAT cannot be paired."
         )
         comparisons = []
-    missing = [d for d in ("concerns", "emotion", "motivation")
+    missing = [d for d in PERSONA_DIMENSIONS
                if series and all(not np.isfinite(s[d]).any() for s in series.values())]
     if missing and mode == "cheap":
         notes.append(
@@ -490,7 +492,7 @@ def _drift(
         )
     drift = DriftMetrics(
         mode=mode,
-        dimensions=["utterance", "concerns", "emotion", "motivation"],
+        dimensions=list(DRIFT_DIMENSIONS),
         references=references(mode),
         curves=drift_curves(series, convs),
         by_condition=condition_summaries(means, convs),
@@ -704,7 +706,7 @@ def _per_dialogue(
             row["trial"] = c.trial
         if rewards:  # a run with rewards: the outcome pass^k reads
             row["reward"] = math.nan if c.reward is None else c.reward
-        for dim in ("utterance", "concerns", "emotion", "motivation"):
+        for dim in DRIFT_DIMENSIONS:
             row[f"drift_{dim}"] = means.get(c.dialogue_id, {}).get(dim, math.nan)
         row.update(
             {

@@ -32,8 +32,8 @@ from spasm.evaluation.diagnostics import client_diagnostics, seat_diagnostics
 from spasm.evaluation.lexical import HDD_SAMPLE, MATTR_WINDOW, hdd_many, mattr, word_tokens, yules_k
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import RealismMetrics, RealismReference, RealismStat, ReferenceStat
-from spasm.evaluation.stats import mean_ci
-from spasm.evaluation.summary import finite, group_key
+from spasm.evaluation.stats import finite, mean_ci
+from spasm.evaluation.summary import group_key
 
 __all__ = [
     "DEFINITIONS",

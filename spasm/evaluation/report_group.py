@@ -24,6 +24,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from spasm.evaluation.drift import DRIFT_DIMENSIONS
 from spasm.evaluation.figures import ReportFigure
 from spasm.evaluation.metrics import GroupRate, Metrics
 from spasm.evaluation.report_parts import _ci, _colour, _empty, _fmt, _or, _png, _table
@@ -62,7 +63,6 @@ _GROUP_RATE_LABELS = {"impersonation": "impersonation", "echo": "echo (any pair)
                       "silence": "silence", "loop": "loop"}
 _GROUP_SHARES = {"impersonation_share": "impersonated\nutterances", "echo_max": "highest pair\ncopy share",
                  "silence_rate": "unanswered\naddresses"}
-_SEAT_DIMENSIONS = ("utterance", "concerns", "emotion", "motivation")
 
 
 def has_group(metrics: Metrics) -> bool:
@@ -252,7 +252,7 @@ def group_seat_drift(frames: GroupFrames) -> list[SeatDrift]:
         return []
     seats = seats[seats["role"].astype(str) == "client"]
     out = []
-    for dim in _SEAT_DIMENSIONS:
+    for dim in DRIFT_DIMENSIONS:
         column = f"drift_{dim}"
         if column not in seats:
             continue
@@ -271,7 +271,7 @@ def figure_group_drift(frames: GroupFrames | None) -> Figure:
     table = group_seat_drift(frames)
     if not table:
         return _empty("No drift per client seat: no client seat spoke twice.")
-    dims = [d for d in _SEAT_DIMENSIONS if any(c.dimension == d for c in table)]
+    dims = [d for d in DRIFT_DIMENSIONS if any(c.dimension == d for c in table)]
     seats = [p for p in _seat_order(frames) if any(c.participant_id == p for c in table)]
     conditions = ordered_conditions(c.condition for c in table)
     cols = 2 if len(dims) > 1 else 1

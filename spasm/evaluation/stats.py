@@ -1,4 +1,6 @@
-"""Small statistics helpers shared by the metrics: confidence intervals and paired tests."""
+"""Small statistics helpers shared by the metrics: confidence intervals, paired tests and
+:func:`finite`. scipy is imported by the functions that need it, so :func:`finite` costs
+nothing to import (the viewer's agreement statistics use it)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,17 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
-__all__ = ["cohen_dz_interval", "holm", "mean_ci", "paired_test", "wilson_interval"]
+__all__ = ["cohen_dz_interval", "finite", "holm", "mean_ci", "paired_test", "wilson_interval"]
+
+
+def finite(value: object) -> float | None:
+    """``value`` as a float, or ``None`` when it is missing, not a number (a string, a bool) or
+    not finite: what every metric stores where a statistic is undefined (JSON has no NaN)."""
+    if value is None or isinstance(value, (str, bool)):
+        return None
+    number = float(value)  # type: ignore[arg-type]  # an int, a float or a numpy scalar
+    return number if math.isfinite(number) else None
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -17,6 +27,8 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 
     Returns ``(nan, nan)`` when ``n == 0``.
     """
+    from scipy import stats
+
     if n <= 0:
         return (math.nan, math.nan)
     z = float(stats.norm.ppf(0.5 + confidence / 2))
@@ -35,6 +47,8 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
 
     With one value the interval collapses to it; with none everything is NaN.
     """
+    from scipy import stats
+
     arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     n = int(arr.size)
     if n == 0:
@@ -54,6 +68,8 @@ def paired_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float | int
     the paired Cohen's d (mean difference / sd of differences), the paired t-test and
     Wilcoxon signed-rank p-values, and a ``note`` when something could not be computed.
     """
+    from scipy import stats
+
     x = np.asarray(a, dtype=float)
     y = np.asarray(b, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
@@ -120,6 +136,8 @@ def cohen_dz_interval(dz: float, n: int, confidence: float = 0.95) -> tuple[floa
     Normal approximation with ``se = sqrt(1/n + d_z² / (2n))`` (the large-sample variance of
     a one-sample standardised mean; Hedges & Olkin 1985). ``(nan, nan)`` when ``n < 2``.
     """
+    from scipy import stats
+
     if n < 2 or not math.isfinite(dz):
         return (math.nan, math.nan)
     z = float(stats.norm.ppf(0.5 + confidence / 2))

@@ -13,15 +13,10 @@ from collections.abc import Mapping
 from spasm.evaluation.echoing import EchoVerdict
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import EchoExample, EchoRate
-from spasm.evaluation.stats import wilson_interval
+from spasm.evaluation.stats import finite, wilson_interval
 from spasm.registry import condition_rank
 
-__all__ = ["echo_examples", "echo_rate", "echo_rates", "finite", "group_key", "kappa"]
-
-
-def finite(value: float | None) -> float | None:
-    """``value``, or ``None`` when it is missing or not finite (JSON has no NaN)."""
-    return value if value is not None and math.isfinite(value) else None
+__all__ = ["echo_examples", "echo_rate", "echo_rates", "group_key", "kappa"]
 
 
 def group_key(item: tuple[tuple[str, str], object]) -> tuple[str, int, str]:
