@@ -331,10 +331,16 @@ def _dialogue_row(
 
 
 # -- group dialogues ------------------------------------------------------------------------
+def role_label(participant: ParticipantConfig, config: RunConfig) -> str:
+    """A seat's helping role as its frames name it: the participant's ``responder_role``, else
+    ``dialogue.responder_role`` (``participants.responder_role`` of a responder seat)."""
+    return participant.responder_role or config.dialogue.responder_role
+
+
 def group_role(spec: GroupSpec, config: RunConfig) -> str:
     """The group's helping role (the first responder seat's): ``dialogues.responder_role``."""
     first = next(s.participant for s in spec.seats if s.participant.role == "responder")
-    return first.responder_role or config.dialogue.responder_role
+    return role_label(first, config)
 
 
 def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
@@ -343,8 +349,8 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
     history naming each speaker (level A)."""
     d = config.dialogue
     ids = tuple(s.participant.id for s in spec.seats)
-    present = [(s.participant.id, s.participant.role,
-                s.participant.responder_role or d.responder_role) for s in spec.seats]
+    present = [(s.participant.id, s.participant.role, role_label(s.participant, config))
+               for s in spec.seats]
     out = []
     for seat in spec.seats:
         p = seat.participant
@@ -357,8 +363,8 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
         else:
             instructions = responder_context(p.instructions or d.responder_instructions,
                                              spec.scenario)  # + the scenario's context
-            prompt = group_responder_system_prompt(p.responder_role or d.responder_role, p.id,
-                                                   present, instructions)
+            prompt = group_responder_system_prompt(role_label(p, config), p.id, present,
+                                                   instructions)
             temperature = temps.responder
         viewer = group_viewer(p.id, prompt, ids, responder_role=group_role(spec, config),
                               speaker_names=seat_speaker_names(config, p))
@@ -369,13 +375,12 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
 
 def group_presences(spec: GroupSpec, config: RunConfig) -> list[Presence]:
     """Each seat's view of its group, for its harness (its level's layers and the audit)."""
-    default_role = config.dialogue.responder_role
-    seats = tuple((s.participant.id, s.participant.role, s.participant.responder_role or default_role)
+    seats = tuple((s.participant.id, s.participant.role, role_label(s.participant, config))
                   for s in spec.seats)
     helping = group_role(spec, config)
     return [
         Presence(role=p.role, seats=seats,
-                 responder_role=(p.responder_role or default_role) if p.role == "responder" else helping,
+                 responder_role=role_label(p, config) if p.role == "responder" else helping,
                  instructions=p.instructions, max_utterances=config.group.max_utterances)
         for p in (s.participant for s in spec.seats)
     ]
@@ -445,8 +450,8 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
             persona_id=str(s.persona["persona_id"]) if s.persona is not None else None,
             backend=s.participant.backend, model=config.backends[s.participant.backend].model,
             level=s.participant.level,
-            responder_role=(s.participant.responder_role or config.dialogue.responder_role
-                            if s.participant.role == "responder" else None),
+            responder_role=role_label(s.participant, config) if s.participant.role == "responder"
+            else None,
             speaker_names=seat_speaker_names(config, s.participant),
             system_prompt=agent.system_prompt,
         )
