@@ -282,10 +282,7 @@ def cmd_personas(args: argparse.Namespace) -> int:
     import anyio
 
     from spasm.config import SEED_MAX, SEED_MIN
-    from spasm.dataset.files import atomic_write_table
     from spasm.dataset.outputs import check_output
-    from spasm.dataset.rows import persona_row_model, rejection_row_model
-    from spasm.dataset.store import rows_to_table
     from spasm.persona_stage import build_personas
     from spasm.personas import load_schema
 
@@ -307,10 +304,7 @@ def cmd_personas(args: argparse.Namespace) -> int:
         check_output(path, "personas", overwrite=args.overwrite)
     schema = load_schema(args.schema)
     result = anyio.run(lambda: build_personas(schema, args.n, args.seed))
-    names, ints = schema.field_names, schema.integer_fields()
-    atomic_write_table(out, rows_to_table("personas", persona_row_model(names, ints), result.accepted))
-    atomic_write_table(rejected_out, rows_to_table(
-        "persona_rejections", rejection_row_model(names, ints), result.rejected))
+    _write_personas((out, rejected_out), schema, result, source=False)
     print(f"{len(result.accepted)} personas → {out}; {len(result.rejected)} rejected candidates "
           f"(with reasons) → {rejected_out}")
     return 0
@@ -322,10 +316,7 @@ def _personas_from(args: argparse.Namespace) -> int:
     model is called: a free-text row's missing drift dimensions are extracted by a run."""
     import anyio
 
-    from spasm.dataset.files import atomic_write_table
     from spasm.dataset.outputs import check_output
-    from spasm.dataset.rows import persona_row_model, rejection_row_model
-    from spasm.dataset.store import rows_to_table
     from spasm.persona_stage import build_source_personas
     from spasm.personas import load_schema
     from spasm.personas.sources import load_source
@@ -354,14 +345,25 @@ def _personas_from(args: argparse.Namespace) -> int:
     for persona in result.accepted[:3]:
         print(f"  {persona['persona_id']} (source_id {persona['source_id']}): {persona['card'][:160]}")
     if outs:
-        names, ints = schema.field_names, schema.integer_fields()
-        atomic_write_table(outs[0], rows_to_table(
-            "personas", persona_row_model(names, ints, source=True), result.accepted))
-        atomic_write_table(outs[1], rows_to_table(
-            "persona_rejections", rejection_row_model(names, ints, source=True), result.rejected))
+        _write_personas((outs[0], outs[1]), schema, result, source=True)
         print(f"{len(result.accepted)} personas → {outs[0]}; {len(result.rejected)} rejected "
               f"rows (with reasons) → {outs[1]}")
     return RUN_EXIT["ok"]
+
+
+def _write_personas(outs: tuple[Path, Path], schema: Any, result: Any, *, source: bool) -> None:
+    """``spasm personas --out FILE``: the accepted personas to FILE and the rejected candidates
+    (with their reasons) to ``FILE.rejected.parquet``, as the run's own two tables; ``source``:
+    personas read from a data file (their ``source_id`` columns)."""
+    from spasm.dataset.files import atomic_write_table
+    from spasm.dataset.rows import persona_row_model, rejection_row_model
+    from spasm.dataset.store import rows_to_table
+
+    names, ints = schema.field_names, schema.integer_fields()
+    atomic_write_table(outs[0], rows_to_table(
+        "personas", persona_row_model(names, ints, source=source), result.accepted))
+    atomic_write_table(outs[1], rows_to_table(
+        "persona_rejections", rejection_row_model(names, ints, source=source), result.rejected))
 
 
 class _Terminated(Exception):
