@@ -49,8 +49,7 @@ from spasm.errors import SpasmError
 from spasm.evaluation.llm import EvalLLM, EvalSession
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import SimulatorErrorMetrics, SimulatorErrorRate, SimulatorExample
-from spasm.evaluation.stats import wilson_interval
-from spasm.evaluation.summary import finite
+from spasm.evaluation.stats import finite, wilson_interval
 from spasm.registry import condition_rank
 from spasm.scenarios import run_scenarios
 
