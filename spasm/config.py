@@ -118,6 +118,10 @@ class BackendConfig(_Strict):
     #: ``python`` only: the function's reply depends on the messages and the seed alone, so a
     #: rerun may replay it from the cache. Off by default: replies of code are not cached.
     deterministic: bool = False
+    #: ``human`` only (a person in the seat, ``spasm play``): the person's pseudonym as the
+    #: run records it (never a real name by default) and how they take part.
+    operator: str | None = None
+    interface: Literal["terminal", "web", "import"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -127,6 +131,8 @@ class BackendConfig(_Strict):
         if (isinstance(data, dict) and data.get("kind") == "python" and "model" not in data
                 and isinstance(data.get("target"), str)):
             return {**data, "model": data["target"]}
+        if isinstance(data, dict) and data.get("kind") == "human" and "model" not in data:
+            return {**data, "model": "human"}  # a person is no model
         return data
 
     @field_validator("target")
@@ -151,6 +157,9 @@ class BackendConfig(_Strict):
         if self.kind in ("openai", "embedded") and (self.target is not None or self.deterministic):
             raise ValueError("target and deterministic are settings of a 'python' backend "
                              f"(kind: python), not of an {self.kind!r} one")
+        if self.kind != "human" and (self.operator is not None or self.interface is not None):
+            raise ValueError("operator and interface are settings of a person's seat "
+                             f"(kind: human), not of a {self.kind!r} backend")
         if self.api_key_env is not None and not self.api_key_env.replace("_", "").isalnum():
             raise ValueError(
                 "api_key_env is the NAME of an environment variable (like OPENAI_API_KEY), "
@@ -191,6 +200,9 @@ class PersonaConfig(_Strict):
     backend: str | None = None
     #: Give up when this many candidates in a row fail for every n (rules reject nearly all).
     max_draws_per_persona: int = Field(200, ge=1)
+    #: Plan dialogues for these persona ids only (every persona is still drawn and stored):
+    #: ``spasm play`` plays one persona of a config this way. ``None``: every persona.
+    ids: list[str] | None = Field(None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -707,6 +719,9 @@ _ADDED_LATER: tuple[tuple[str, str, tuple[Any, ...], tuple[str, ...]], ...] = (
     ("", "participants", (None,), ("participants", "group")),
     ("harness", "persona_probes", (False,), ("persona_probes",)),
     ("", "trials", (1,), ("trials",)),
+    ("backends.*", "operator", (None,), ("operator",)),
+    ("backends.*", "interface", (None,), ("interface",)),
+    ("personas", "ids", (None,), ("ids",)),
 )
 
 def data_path(kind: Literal["schemas", "configs"], name: str) -> Path:

@@ -40,6 +40,7 @@ from spasm.errors import (
 )
 from spasm.estimate import DryRun, calibrate, estimate, scripted_caller, stored_persona_calls
 from spasm.finish import complete_run
+from spasm.people import has_people
 from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas, build_source_personas
 from spasm.personas import load_schema
 from spasm.personas.sources import SourceCandidate, SourcePersonas, load_source
@@ -119,6 +120,8 @@ class Engine:
             self.store.declare_group()
         if config.trials > 1:  # its dialogues table has the trial column, last
             self.store.declare_trials()
+        if has_people(config):  # a seat a person takes: the human-seat columns (1.10)
+            self.store.declare_humans()
         #: The tables this run has when it is finished.
         self.tables = GROUP_TABLES if config.participants is not None else TABLES
         self._started = ""

@@ -3,6 +3,8 @@
 The hierarchy, in one place::
 
     SpasmError                 base of everything spasm raises on purpose
+    ├── ParticipantLeft        a person in a seat ended the dialogue (/end, Ctrl-D, Ctrl-C):
+    │                          not a failure; the dialogue ends there and is saved
     ├── UserError              the input is wrong (config, schema, CLI flags, environment);
     │   │                      the CLI prints the message and exits with code 2
     │   ├── ConfigError        a run config or persona schema does not validate
@@ -74,6 +76,17 @@ class MissingKeyError(UserError):
             f"Put the key in it (export {env_var}=...) or name another variable with "
             "api_key_env in the config (or --api-key-env on the command line)."
         )
+
+
+class ParticipantLeft(SpasmError):
+    """A person in a seat (a ``kind: human`` backend) ended the dialogue: typed ``/end``,
+    closed the input (Ctrl-D) or interrupted it (Ctrl-C). Not a failure: the dialogue stops
+    there and keeps what was said, with ``reason`` as its termination reason."""
+
+    def __init__(self, detail: str, reason: str = "ended_by_person") -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
 
 
 class RunError(SpasmError):

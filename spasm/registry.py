@@ -136,7 +136,7 @@ def _load_plugins() -> None:
 BACKENDS: Registry[Callable[..., object]] = Registry(
     "backend kind",
     {"openai": "spasm.backends.openai_compat", "embedded": "spasm.backends.embedded",
-     "python": "spasm.backends.python"},
+     "python": "spasm.backends.python", "human": "spasm.backends.human"},
 )
 #: Termination detector factories by name (:mod:`spasm.termination`): ``termination.rules``
 #: and ``termination.judge`` switch the built-in ones on, ``termination.detectors`` names more.

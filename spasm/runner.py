@@ -40,6 +40,7 @@ from spasm.goals import GOAL_REACHED, GoalDetector, GoalVerdict, judge_goal
 from spasm.harness.factory import harness_agents, harness_hooks
 from spasm.harness.levels import level_label
 from spasm.harness.profile import Presence
+from spasm.people import has_people, record_people
 from spasm.projection import Viewer, group_viewer
 from spasm.scenarios import Scenario, client_card, responder_context
 from spasm.session import DialogueSession
@@ -254,10 +255,13 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
         hooks=harness_hooks(config, {"client": spec.persona}),
     )
     result, verdict = await settle(spec, config, caller, convo, session, goal)
-    if result.error is not None:
-        return result
-    result.dialogue = with_goal(_dialogue_row(spec, config, agents, convo, session.scope.records),
-                                spec, verdict)
+    if result.error is None:
+        result.dialogue = with_goal(
+            _dialogue_row(spec, config, agents, convo, session.scope.records), spec, verdict)
+    if has_people(config):  # a person in a seat: the seats' kinds, the typing (1.10)
+        await record_people(result, config, caller, spec.dialogue_id, spec.pairing,
+                            {"client": spec.pairing.client, "responder": spec.pairing.responder},
+                            spec.scenario.goal if spec.scenario is not None else None)
     return result
 
 
@@ -435,8 +439,19 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
     )
     # A run with scenarios: one goal_judge call over the whole group transcript.
     result, verdict = await settle(spec, config, caller, convo, session, goal)
-    if result.error is not None:
-        return result
+    if result.error is None:
+        _group_rows(result, spec, config, agents, convo, session, verdict)
+    if has_people(config):  # a person in a seat: the seats' kinds, the typing (1.10)
+        await record_people(result, config, caller, spec.dialogue_id, spec.pairing,
+                            {s.participant.id: s.participant.backend for s in spec.seats},
+                            spec.scenario.goal if spec.scenario is not None else None)
+    return result
+
+
+def _group_rows(result: DialogueResult, spec: GroupSpec, config: RunConfig,
+                agents: list[TurnAgent], convo: Conversation, session: DialogueSession,
+                verdict: GoalVerdict | None) -> None:
+    """A finished group dialogue's dialogues row and participants rows."""
     client = next(a for a, s in zip(agents, spec.seats, strict=True) if s.participant.role == "client")
     helper = next(a for a, s in zip(agents, spec.seats, strict=True)
                   if s.participant.role == "responder")
@@ -457,4 +472,3 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
         )
         for i, (s, agent) in enumerate(zip(spec.seats, agents, strict=True))
     ]
-    return result

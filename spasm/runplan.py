@@ -100,7 +100,8 @@ def plan(
     )
     seen: set[str] | None = set() if ids is dialogue_id else None
     scenarios = run_scenarios(config)
-    for persona in shard.select(personas) if shard is not None else personas:  # --shard I/N
+    chosen_personas = only_ids(config, personas)
+    for persona in shard.select(chosen_personas) if shard is not None else chosen_personas:
         # A run with scenarios crosses them with the personas (or runs the persona's own).
         chosen: list[Scenario | None] = (
             [None] if scenarios is None else list(persona_scenarios(persona, scenarios)))
@@ -149,6 +150,21 @@ def group_dialogue_id(index: int, condition: str, scenario: str | None = None) -
     byte-identical to before."""
     sid = "" if scenario is None else f"-s{id_part(scenario)}"
     return f"g{index:04d}{sid}-{id_part(condition)}"
+
+
+def only_ids(config: RunConfig, personas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The personas the plan holds dialogues for: those ``personas.ids`` names (in the drawn
+    order), else all; an id that was not drawn is a :class:`~spasm.errors.UserError`."""
+    wanted = config.personas.ids
+    if wanted is None:
+        return personas
+    drawn = {str(p["persona_id"]) for p in personas}
+    missing = [i for i in wanted if i not in drawn]
+    if missing and drawn != {"p"}:  # {"p"}: the engine's check of the ids, before any draw
+        raise UserError(f"personas.ids names {', '.join(map(repr, missing))}, which the run did "
+                        f"not draw (its personas: {', '.join(sorted(drawn)[:5])}"
+                        f"{', ...' if len(drawn) > 5 else ''})")
+    return [p for p in personas if str(p["persona_id"]) in set(wanted)]
 
 
 def plan_groups(

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from spasm.agents import Turn, TurnAgent
 from spasm.dataset.rows import EventRow, GroupTurnRow, TurnRow
-from spasm.errors import BudgetExceededError, RunError, disk_full
+from spasm.errors import BudgetExceededError, ParticipantLeft, RunError, disk_full
 from spasm.history import Event, History
 from spasm.projection import messages_digest
 from spasm.session import DialogueSession
@@ -136,9 +136,14 @@ async def _guarded(
     session: DialogueSession, hooks: Sequence[DialogueHook],
 ) -> Conversation:
     """Run a dialogue's turns, then its hooks; a failure is kept in ``out`` with the dialogue
-    so far (a bug with its traceback), never raised — except a budget stop."""
+    so far (a bug with its traceback), never raised — except a budget stop. A person who
+    leaves (:class:`~spasm.errors.ParticipantLeft`) ends it with what was said, hooks not run."""
     try:
-        await conversation
+        try:
+            await conversation
+        except ParticipantLeft as left:  # a person ended it: saved as it stands, not a failure
+            out.reason, out.detail = left.reason, left.detail
+            return out
         for hook in hooks:
             await hook.after(agents, out.history, out.turns, session)
     except BudgetExceededError:

@@ -24,8 +24,10 @@ group dialogues: a ``participants`` table, ``turns.role`` and ``turns.next_speak
 group runs (:class:`GroupTurnRow`, :class:`ParticipantRow`); 1.8 ``dialogues.trial`` in runs
 with trials (:func:`with_trial_column`); 1.9 agents that act: ``events``
 and ``worlds`` tables and ``dialogues.reward``, ``world_match`` and ``reward_detail`` in runs
-with tools (:class:`EventRow`, :class:`WorldRow`, :class:`ActionDialogueRow`).
-
+with tools (:class:`EventRow`, :class:`WorldRow`, :class:`ActionDialogueRow`); 1.10 people in
+seats: each seat's ``kind`` (``llm``, ``function``, ``human``), a human seat's ``operator`` and
+``interface``, the typing a human turn measured, and the person's own verdict, in runs with a
+human seat (:func:`human_row_model`).
 """
 
 from __future__ import annotations
@@ -60,13 +62,14 @@ __all__ = [
     "TurnRow",
     "WorldRow",
     "arrow_schema",
+    "human_row_model",
     "persona_of",
     "persona_row_model",
     "rejection_row_model",
     "with_trial_column",
 ]
 
-SCHEMA_VERSION = "1.9"
+SCHEMA_VERSION = "1.10"
 
 STRING, INT32, INT64, FLOAT64, BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -299,6 +302,50 @@ class WorldRow(Row):
     world: Str
 
 
+#: Who fills a seat (1.10): a model (``llm``), code (``function``: ``kind: python``) or a person
+#: (``human``: ``kind: human``, ``spasm play``; an imported conversation's people).
+SeatKind = Annotated[str | None, STRING]
+OptI32 = Annotated[int | None, INT32]
+
+#: The columns a run with a human seat adds to each table (1.10), after the table's own. Only
+#: such runs store them (every other run keeps its columns byte for byte); readers see them in
+#: every run, null where a run has none. General enough for a person's turns that were not
+#: typed here (an import fills ``interface: import`` and leaves the typing null).
+HUMAN_COLUMNS: dict[str, dict[str, Any]] = {
+    "dialogues": {
+        "client_kind": (SeatKind, None),
+        "responder_kind": (SeatKind, None),
+        # The human seat's pseudonym and interface (a group's: the first human seat's).
+        "operator": (OptStr, None),
+        "interface": (OptStr, None),  # terminal | web | import
+        # What the person said at the end of a play session (judge calibration): whether the
+        # goal was met, and a 1-5 rating of the partner; None when not asked or not answered.
+        "person_goal_met": (Annotated[bool | None, BOOL], None),
+        "person_rating": (OptI32, None),
+    },
+    "participants": {
+        "kind": (SeatKind, None),
+        "operator": (OptStr, None),
+        "interface": (OptStr, None),
+    },
+    "turns": {
+        # A human turn's typing as its interface measured it (None: not measured, or a model).
+        "typing_ms": (Annotated[int | None, INT64], None),
+        "edits": (OptI32, None),
+        "pasted_chars": (OptI32, None),
+    },
+}
+
+
+@functools.cache
+def human_row_model(base: type[Row]) -> type[Row]:
+    """``base`` (a dialogues, turns or participants row model) with the human-seat columns of
+    its table after its own (1.10): the model a run with a human seat writes."""
+    model: type[Row] = create_model(f"Human{base.__name__}", __base__=base,
+                                    **HUMAN_COLUMNS[base.table])
+    return model
+
+
 class CallRow(Row):
     """One LLM call attempt (a cache hit is a row too)."""
 
@@ -498,6 +545,7 @@ JSON_COLUMNS: dict[str, dict[str, type[BaseModel]]] = {
 
 #: The fixed tables and their row models (personas tables depend on the persona schema).
 ROW_MODELS: dict[str, type[Row]] = {
-    m.table: m for m in (with_trial_column(ActionDialogueRow), GroupTurnRow, CallRow,
-                         ErrorRow, QARow, AnnotationRow, ParticipantRow, EventRow, WorldRow)
+    m.table: m for m in (human_row_model(with_trial_column(ActionDialogueRow)),
+                         human_row_model(GroupTurnRow), CallRow, ErrorRow, QARow, AnnotationRow,
+                         human_row_model(ParticipantRow), EventRow, WorldRow)
 }

@@ -46,10 +46,12 @@ from spasm.dataset.rows import (
     ActionDialogueRow,
     DialogueRow,
     GroupTurnRow,
+    ParticipantRow,
     Row,
     ScenarioDialogueRow,
     TurnRow,
     arrow_schema,
+    human_row_model,
     persona_row_model,
     rejection_row_model,
     with_trial_column,
@@ -131,6 +133,7 @@ class RunStore:
         # columns only in group runs (declare_group).
         self.models["dialogues"] = DialogueRow
         self.models["turns"] = TurnRow
+        self.models["participants"] = ParticipantRow
 
     def declare_scenarios(self) -> None:
         """This run has scenarios: its dialogues table has the scenario columns."""
@@ -150,6 +153,12 @@ class RunStore:
     def declare_group(self) -> None:
         """This run holds group dialogues: its turns have the group columns."""
         self.models["turns"] = GroupTurnRow
+
+    def declare_humans(self) -> None:
+        """This run has a seat a person takes: its dialogues, turns and participants have the
+        human-seat columns (after the scenario and group columns, so declare those first)."""
+        for table in ("dialogues", "turns", "participants"):
+            self.models[table] = human_row_model(self.models[table])
 
     def set_persona_fields(self, field_names: Iterable[str], integer_fields: set[str], *,
                            source: bool = False) -> None:
