@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_merge(sub)
     from spasm.viewer.cli import register as register_view
     register_view(sub)
+    from spasm.play.cli import register as register_play
+    register_play(sub)
     return parser
 
 

@@ -1,0 +1,162 @@
+"""One play session: a person takes a seat of a config's dialogue, the config's agents the rest.
+
+:func:`play_config` turns a run config into the config of one played dialogue: the chosen seat
+goes to a ``kind: human`` backend (level A: a person needs no harness), every other seat keeps
+its backend and level, and whatever defaulted to the seat's backend (the termination judge, the
+goal judge, the persona pipeline, the harness's own calls, the moderator) is pinned to that
+model, so no judge or harness call ever reaches the person. The plan holds exactly one
+dialogue: one persona (``personas.ids``), one condition, one scenario, one conversation; so a
+play run is a complete run like any other (resume, merge, export, the viewer).
+
+:func:`play` runs it through the :class:`~spasm.engine.Engine`: the same caller, cache, limits
+and harness as ``spasm generate``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spasm.backends import Backend
+from spasm.backends.human import HumanBackend, Person
+from spasm.config import RunConfig, parse_config
+from spasm.engine import Engine
+from spasm.errors import UserError
+from spasm.run_summary import RunSummary
+from spasm.runplan import make_backends
+from spasm.scenarios import run_scenarios
+
+__all__ = ["PlaySetup", "new_operator", "play", "play_config", "seat_of"]
+
+#: The human backend's name in a play config (a number is added if the config has one).
+HUMAN = "human"
+
+
+def new_operator() -> str:
+    """A fresh pseudonym for the person (``op-`` and 6 hex digits): never a real name."""
+    return f"op-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class PlaySetup:
+    """A config made into one played dialogue."""
+
+    config: RunConfig
+    #: The human backend's name, and the seat it takes (``client``, ``responder`` or a
+    #: participant id).
+    backend: str
+    seat: str
+    #: The backend the seat had (the judges and harness calls stay on it).
+    replaced: str
+    notes: tuple[str, ...] = ()
+
+
+def seat_of(config: RunConfig, seat: str) -> str:
+    """The seat ``--seat`` names: ``client`` or ``responder`` in a two-party config; in a
+    group config a participant id (or ``client``/``responder``: the first seat of that role)."""
+    if config.participants is None:
+        if seat not in ("client", "responder"):
+            raise UserError(f"--seat {seat!r}: a two-party config has the seats client and "
+                            "responder")
+        return seat
+    ids = [p.id for p in config.participants]
+    if seat in ids:
+        return seat
+    for p in config.participants:
+        if p.role == seat:
+            return p.id
+    raise UserError(f"--seat {seat!r}: this group config's seats are {', '.join(ids)} "
+                    "(or client / responder: the first seat of that role)")
+
+
+def play_config(
+    config: RunConfig, seat: str, *, persona_id: str | None, scenario: str | None = None,
+    condition: str | None = None, operator: str, interface: str = "terminal",
+) -> PlaySetup:
+    """The config of one played dialogue (see the module's docstring); ``persona_id`` is the
+    drawn persona a two-party client seat plays (``None`` in a group: the first group's draw)."""
+    seat = seat_of(config, seat)
+    data = config.model_dump(mode="json")
+    name = HUMAN
+    while name in config.backends:
+        name = f"{name}_"
+    data["backends"][name] = {"kind": "human", "operator": operator, "interface": interface}
+    notes: list[str] = []
+    if config.participants is None:
+        pairing = config.pairing_list[0]
+        if len(config.pairing_list) > 1:
+            notes.append(f"the config has {len(config.pairing_list)} pairings; the first "
+                         f"({pairing.label}) is played")
+        replaced = pairing.client if seat == "client" else pairing.responder
+        data["pairings"] = [{"client": name if seat == "client" else pairing.client,
+                             "responder": name if seat == "responder" else pairing.responder}]
+        h = data["harness"]
+        if h.get("levels"):  # a sweep: the simulated seat takes its first level
+            h["client"] = h["responder"] = h["levels"][0]
+            h["levels"] = None
+        h[seat] = "A"  # a person needs no harness
+        data["personas"]["ids"] = [persona_id] if persona_id is not None else None
+        judges_default = pairing.client
+    else:
+        group = data["group"]
+        group["dialogues"] = 1
+        for p in data["participants"]:
+            if p["id"] == seat:
+                replaced = p["backend"]
+                p["backend"], p["level"] = name, "A"
+        helper = next(p.backend for p in config.participants if p.role == "responder")
+        if group.get("moderator_backend") is None:
+            group["moderator_backend"] = helper
+        judges_default = next(p.backend for p in config.participants if p.role == "client")
+    # What defaults to the seat's backend stays on a model (never asks the person).
+    for section, key in (("termination", "judge_backend"), ("scenarios_judge", "backend"),
+                         ("personas", "backend")):
+        if data[section].get(key) is None:
+            data[section][key] = judges_default
+    if data["harness"].get("backend") is None:
+        data["harness"]["backend"] = replaced
+    for probe in ("recall_probe", "persona_probes"):
+        if data["harness"].get(probe):
+            data["harness"][probe] = False
+            notes.append(f"harness.{probe} is off: its questions would go to the person")
+    if condition is not None:
+        data["conditions"] = [condition]
+    elif len(config.conditions) > 1:
+        data["conditions"] = config.conditions[:1]
+        notes.append(f"condition {config.conditions[0]} (the config's first; --condition to choose)")
+    data["conversations_per_persona"] = 1
+    scenarios = run_scenarios(config)
+    if scenarios:
+        chosen = next((s for s in scenarios if s.id == scenario), None) if scenario else scenarios[0]
+        if chosen is None:
+            raise UserError(f"--scenario {scenario!r}: the config's scenarios are "
+                            f"{', '.join(s.id for s in scenarios[:10])}")
+        data["scenarios"] = [chosen.model_dump(mode="json", exclude_none=True)]
+    elif scenario is not None:
+        raise UserError(f"--scenario {scenario!r}: this config has no scenarios")
+    return PlaySetup(parse_config(data, "the play config"), name, seat, replaced, tuple(notes))
+
+
+def play_backends(setup: PlaySetup, person: Person) -> dict[str, Backend]:
+    """The run's backends, the human one answered by ``person``."""
+    backends = make_backends(setup.config)
+    backends[setup.backend] = HumanBackend(setup.backend, setup.config.backends[setup.backend],
+                                           person)
+    return backends
+
+
+async def personas_of(config: RunConfig, out: Path) -> list[dict[str, Any]]:
+    """The personas a config draws (stored ones when ``out`` holds the run), without a model
+    call: their ids are a function of the schema, seed and fields."""
+    engine = Engine(config, out, progress=False)
+    drawn = await engine._dry_personas()
+    return drawn.accepted
+
+
+async def play(setup: PlaySetup, person: Person, out: Path, *, overwrite: bool = False) -> RunSummary:
+    """Run the played dialogue into ``out`` (resumed when ``out`` holds it unfinished)."""
+    engine = Engine(setup.config, out, overwrite=overwrite, progress=False,
+                    backends=play_backends(setup, person))
+    return await engine.run()

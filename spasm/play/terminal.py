@@ -1,0 +1,224 @@
+"""The terminal as a person's seat: what the seat sees, rendered readably; one typed line a turn.
+
+The person is shown exactly what the seat's model would be sent (the request's messages), as
+text: the frame once (a client seat's persona card with the situation and goal), then what is
+new in the seat's view before each of their turns (under ``concat`` and ``quoted`` the view is
+one transcript that changes as a whole, so it is shown again whole). They type one line:
+``/end`` ends the dialogue, Ctrl-D (end of input) or Ctrl-C ends it too and keeps what was said
+(``ended_by_person``); ``/help`` says so. A Ctrl-C while the other side is answering ends the
+dialogue at the person's next turn (a second one stops at once, as anywhere).
+
+Only the standard library: ``readline`` for line editing when stdin is a terminal; a plain
+pipe on stdin works the same (one line a turn), so a session can be scripted. A terminal
+measures only the time from the prompt to the line (``typing_ms``); ``edits`` and
+``pasted_chars`` stay unmeasured (``None``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import Any, TextIO
+
+from spasm.backends.base import ChatRequest, Message
+from spasm.backends.human import PersonReply
+from spasm.errors import ParticipantLeft
+
+__all__ = ["TerminalPerson"]
+
+HELP = ("Type your message and press Enter. /end ends the conversation (so do Ctrl-D and "
+        "Ctrl-C); what was said is kept.")
+
+#: Who a two-party seat's partner is, by the seat, and how a two-party speaker is labelled.
+_PARTNER = {"client": "Responder", "responder": "Client"}
+_LABEL = {"client": "Client", "responder": "Responder"}
+
+
+class TerminalPerson:
+    """A person at a terminal (or a script on a pipe) answering for one seat."""
+
+    def __init__(self, stdin: TextIO | None = None, stdout: TextIO | None = None,
+                 width: int | None = None) -> None:
+        self.stdin = stdin if stdin is not None else sys.stdin
+        self.out = stdout if stdout is not None else sys.stdout
+        self.width = width or min(100, shutil.get_terminal_size((88, 24)).columns)
+        self._shown: dict[str, list[Message]] = {}
+        self._typed: list[str] = []
+        #: How many utterances of the dialogue the person has seen (theirs included).
+        self._seen = 0
+        self._reading = False
+        #: Set by a Ctrl-C between turns: the dialogue ends at the next turn.
+        self._left: str | None = None
+        self.ended_by_person = False
+        if self.stdin.isatty():
+            with contextlib.suppress(ImportError):
+                import readline  # noqa: F401  (line editing and history for input())
+
+    # -- output -----------------------------------------------------------------------------
+    def say(self, text: str = "") -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _block(self, label: str, text: str, indent: str = "  ") -> None:
+        self.say(f"{label}:")
+        for para in text.split("\n"):
+            self.say(textwrap.fill(para, self.width, initial_indent=indent,
+                                   subsequent_indent=indent) if para.strip() else "")
+
+    def _render(self, messages: Sequence[Message], speaker: str, opening: bool) -> None:
+        partner = _PARTNER.get(speaker, "")
+        for m in messages:
+            if m["role"] == "system":
+                self.say("=" * min(self.width, 60))
+                self._block("Your part (what the seat's model would be told)", m["content"])
+                self.say("=" * min(self.width, 60))
+                self.say(HELP)
+            elif m["role"] == "assistant":
+                if self._typed and m["content"] == self._typed[-1]:
+                    continue  # the person's own last line, already on screen
+                self._block("You", m["content"])
+            elif opening:
+                self._block("(how the seat is asked to begin)", m["content"])
+            else:
+                who = m.get("name") or partner or "Them"
+                self._block(who, m["content"])
+
+    # -- the Person protocol -----------------------------------------------------------------
+    async def reply(self, request: ChatRequest, backend: str) -> PersonReply:
+        if self._left is not None:
+            raise ParticipantLeft(self._left)
+        ctx = request.context
+        speaker = (ctx.speaker if ctx is not None else None) or "client"
+        messages = list(request.messages)
+        key = request.stream_key or speaker
+        before = self._shown.get(key)
+        opening = ctx is not None and ctx.turn_index == 0
+        if before is not None and messages[: len(before)] == before:
+            self._render(messages[len(before):], speaker, opening)
+        elif before is not None:  # concat / quoted: the view is one transcript, shown again
+            self.say("-- the conversation as your seat sees it now --")
+            self._render([m for m in messages if m["role"] != "system"], speaker, opening)
+        else:
+            self._render(messages, speaker, opening)
+        self._shown[key] = messages
+        self._seen = ctx.turn_index if ctx is not None and ctx.turn_index is not None else self._seen
+        reply = self._read()
+        self._seen += 1
+        self._typed.append(reply.text)
+        self._shown[key] = [*messages, {"role": "assistant", "content": reply.text}]
+        self.say(f"({_PARTNER.get(speaker, 'the others').lower()} is typing...)"
+                 if speaker in _PARTNER else "(the others are typing...)")
+        return reply
+
+    async def debrief(self, dialogue_id: str, goal: str | None,
+                      transcript: Sequence[tuple[str, str]], reason: str) -> dict[str, Any]:
+        # What was said after the person last saw the conversation (the reply it ended on).
+        for speaker, text in transcript[self._seen:]:
+            self._block(_LABEL.get(speaker, speaker), text)
+        self.say(f"-- the conversation has ended ({reason}) --")
+        if self.ended_by_person and self._left is not None and "Ctrl" in self._left:
+            return {}  # the input is closed or interrupted: nothing more to ask
+        out: dict[str, Any] = {}
+        with contextlib.suppress(ParticipantLeft):
+            if goal:
+                self._block("Your goal was", goal)
+                answer = self._ask("Was it met? [y/n, Enter to skip] ", {"y", "yes", "n", "no"})
+                if answer is not None:
+                    out["person_goal_met"] = answer.startswith("y")
+            rating = self._ask("How would you rate your partner, 1 (poor) to 5 (excellent)? "
+                               "[Enter to skip] ", {"1", "2", "3", "4", "5"})
+            if rating is not None:
+                out["person_rating"] = int(rating)
+        return out
+
+    # -- input ------------------------------------------------------------------------------
+    def _line(self, prompt: str) -> str:
+        """One line from the person; EOFError at the end of input, KeyboardInterrupt on Ctrl-C."""
+        self._reading = True
+        try:
+            if self.stdin is sys.stdin and self.stdin.isatty() and self.out is sys.stdout:
+                return input(prompt)
+            self.out.write(prompt)
+            self.out.flush()
+            line = self.stdin.readline()
+            if not line:
+                raise EOFError
+            line = line.rstrip("\r\n")
+            if not self.stdin.isatty():  # a script: echo it, so the session reads as typed
+                self.out.write(line[:200] + ("..." if len(line) > 200 else "") + "\n")
+            return line
+        finally:
+            self._reading = False
+
+    def _leave(self, detail: str) -> ParticipantLeft:
+        self.ended_by_person = True
+        self._left = detail
+        self.say()
+        return ParticipantLeft(detail)
+
+    def _read(self) -> PersonReply:
+        t0 = time.monotonic()
+        while True:
+            try:
+                line = self._line("you> ")
+            except EOFError:
+                raise self._leave("the person closed the input (Ctrl-D)") from None
+            except KeyboardInterrupt:
+                raise self._leave("the person interrupted (Ctrl-C)") from None
+            text = line.strip()
+            if text == "/end":
+                self.ended_by_person = True
+                self._left = "the person typed /end"
+                raise ParticipantLeft(self._left)
+            if text == "/help":
+                self.say(HELP)
+                continue
+            if not text:
+                self.say("(type a message, or /end to finish)")
+                continue
+            return PersonReply(text=text, typing_ms=round((time.monotonic() - t0) * 1000))
+
+    def _ask(self, prompt: str, accepted: set[str]) -> str | None:
+        """A short answer from ``accepted`` (lower-cased), ``None`` when skipped or ended."""
+        while True:
+            try:
+                answer = self._line(prompt).strip().lower()
+            except (EOFError, KeyboardInterrupt):
+                raise ParticipantLeft("the person closed the input") from None
+            if not answer:
+                return None
+            if answer in accepted:
+                return answer
+            self.say(f"(one of {', '.join(sorted(accepted))}, or Enter to skip)")
+
+    # -- Ctrl-C -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def signals(self) -> Iterator[None]:
+        """Ctrl-C as the person's way out for the session: while they type it ends their turn
+        (and the dialogue, kept); while the other side answers it ends the dialogue at their
+        next turn; a second one then stops at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_sigint(signum: int, frame: FrameType | None) -> None:
+            if self._reading or self._left is not None:
+                raise KeyboardInterrupt
+            self._left = "the person interrupted (Ctrl-C)"
+            self.ended_by_person = True
+            self.out.write("\n(the conversation ends at your next turn; Ctrl-C again stops at "
+                           "once)\n")
+            self.out.flush()
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)

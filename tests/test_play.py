@@ -1,0 +1,238 @@
+"""`spasm play`: a person takes a seat, through a pseudo-terminal and through a pipe, against
+the OpenAI-compatible test server over real HTTP; the run it leaves is read back from Parquet."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from spasm.cli import main
+from spasm.dataset import open_run
+from tests.conftest import endpoint_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"}
+    env.pop("SPASM_REAL_API", None)
+    return env
+
+
+def _config(tmp_path: Path, base_url: str, **overrides: Any) -> Path:
+    path = tmp_path / "play.yaml"
+    path.write_text(json.dumps(endpoint_config(base_url, **overrides)), encoding="utf-8")
+    return path
+
+
+def _pipe(cfg: Path, out: Path, lines: list[str], *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spasm", "play", "--config", str(cfg), "--out", str(out), *flags],
+        input="".join(f"{line}\n" for line in lines), capture_output=True, text=True,
+        timeout=300, env=_env(), cwd=ROOT)
+
+
+def _read(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    run = open_run(out)
+    (dialogue,) = run.table("dialogues").to_pylist()
+    turns = sorted(run.table("turns").to_pylist(), key=lambda t: t["turn_index"])
+    return dialogue, turns, run.table("calls").to_pylist()
+
+
+def test_a_person_on_a_pipe_plays_the_client_seat_until_the_chain_ends_it(tmp_path: Path,
+                                                                          server: Any) -> None:
+    lines = ["Hi, my internet bill doubled this month.", "I was charged for a router I returned.",
+             "Can you refund the router fee?", "Thanks, that settles it."]
+    done = _pipe(_config(tmp_path, server.base_url), tmp_path / "run",
+                 [*lines, "6", "5"], "--seat", "client")
+    assert done.returncode == 0, done.stderr
+    # The person saw the seat's frame (the persona card) and the responder's replies.
+    assert "Your part" in done.stdout and "You are " in done.stdout
+    assert done.stdout.count("Responder:") == 4
+    assert "(one of 1, 2, 3, 4, 5" in done.stdout  # "6" was refused, "5" taken
+    dialogue, turns, calls = _read(tmp_path / "run")
+    assert dialogue["termination_reason"] == "max_turns" and dialogue["n_utterances"] == 8
+    assert dialogue["client_kind"] == "human" and dialogue["responder_kind"] == "llm"
+    assert re.fullmatch(r"op-[0-9a-f]{6}", dialogue["operator"])
+    assert dialogue["interface"] == "terminal" and dialogue["pairing"] == "human×m"
+    assert dialogue["person_rating"] == 5 and dialogue["person_goal_met"] is None
+    assert [t["text"] for t in turns if t["speaker"] == "client"] == lines
+    assert all(t["typing_ms"] is not None and t["typing_ms"] >= 0 and t["edits"] is None
+               and t["pasted_chars"] is None for t in turns if t["speaker"] == "client")
+    assert all(t["typing_ms"] is None for t in turns if t["speaker"] == "responder")
+    # Every person's turn is a call of the human backend, never cached; the model's are HTTP.
+    human = [c for c in calls if c["backend"] == "human"]
+    assert len(human) == 4 and not any(c["cache_hit"] for c in human)
+    assert {c["backend"] for c in calls if c["role"] != "client"} == {"srv"}
+    assert open_run(tmp_path / "run").manifest["status"] == "complete"
+    # The stored columns: the 1.8 human-seat columns after the table's own.
+    names = pq.read_schema(next((tmp_path / "run" / "turns.parquet").glob("*.parquet"))).names
+    assert names[-3:] == ["typing_ms", "edits", "pasted_chars"]
+
+
+def test_the_person_can_take_the_responder_seat_and_end_it_with_slash_end(tmp_path: Path,
+                                                                         server: Any) -> None:
+    done = _pipe(_config(tmp_path, server.base_url), tmp_path / "run",
+                 ["Hello, I can help with that. What happened?", "/end", "3"],
+                 "--seat", "responder", "--operator", "tester-1", "--persona", "1")
+    assert done.returncode == 0, done.stderr
+    assert "Client:" in done.stdout
+    dialogue, turns, _ = _read(tmp_path / "run")
+    assert dialogue["termination_reason"] == "ended_by_person"
+    assert dialogue["termination_detail"] == "the person typed /end"
+    assert dialogue["responder_kind"] == "human" and dialogue["client_kind"] == "llm"
+    assert dialogue["operator"] == "tester-1" and dialogue["pairing"] == "m×human"
+    assert dialogue["person_rating"] == 3
+    assert dialogue["persona_id"].startswith("p0001")  # --persona 1: the second persona
+    # The simulated client opened, the person answered, the client replied, then /end.
+    assert [t["speaker"] for t in turns] == ["client", "responder", "client"]
+    assert turns[1]["text"] == "Hello, I can help with that. What happened?"
+
+
+def test_markup_and_a_megabyte_paste_are_kept_as_typed(tmp_path: Path, server: Any) -> None:
+    markup = "<script>alert('x')</script> <b>bold</b> & {{ not a template }}"
+    big = "word " * 200_000  # a 1 MB line
+    done = _pipe(_config(tmp_path, server.base_url), tmp_path / "run",
+                 [markup, big.strip()], "--seat", "client")
+    assert done.returncode == 0, done.stderr
+    _, turns, _ = _read(tmp_path / "run")
+    mine = [t["text"] for t in turns if t["speaker"] == "client"]
+    assert mine == [markup, big.strip()]
+    # End of input after the second line: the dialogue is kept as it stands.
+    dialogue, _, _ = _read(tmp_path / "run")
+    assert dialogue["termination_reason"] == "ended_by_person"
+    assert "Ctrl-D" in dialogue["termination_detail"]
+
+
+def test_a_scenario_session_asks_the_person_whether_the_goal_was_met(tmp_path: Path,
+                                                                     server: Any) -> None:
+    scenario = {"id": "refund", "situation": "You were charged twice for one order.",
+                "goal": "Get the duplicate charge refunded.",
+                "expected_outcome": "The agent starts a refund of the second charge."}
+    cfg = _config(tmp_path, server.base_url, scenarios=[scenario])
+    done = _pipe(cfg, tmp_path / "run", ["I was charged twice.", "/end", "y", "4"],
+                 "--seat", "client", "--scenario", "refund")
+    assert done.returncode == 0, done.stderr
+    assert "Get the duplicate charge refunded." in done.stdout  # on the card and in the question
+    dialogue, _, calls = _read(tmp_path / "run")
+    assert dialogue["scenario_id"] == "refund"
+    assert dialogue["person_goal_met"] is True and dialogue["person_rating"] == 4
+    # The goal judge asked the model, never the person.
+    assert {c["backend"] for c in calls if c["role"] == "goal_judge"} == {"srv"}
+
+
+def test_spasm_generate_refuses_a_config_with_a_human_seat(tmp_path: Path, server: Any,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    data = endpoint_config(server.base_url)
+    data["backends"]["me"] = {"kind": "human", "operator": "op-000001"}
+    data["pairings"] = [{"client": "me", "responder": "srv"}]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(data), encoding="utf-8")
+    assert main(["generate", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    assert "spasm play" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "dialogues.parquet").exists()
+
+
+def test_an_unknown_seat_or_persona_is_a_usage_error(tmp_path: Path, server: Any,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _config(tmp_path, server.base_url)
+    assert main(["play", "--config", str(cfg), "--seat", "judge", "--out", str(tmp_path / "a")]) == 2
+    assert "client and responder" in capsys.readouterr().err
+    assert main(["play", "--config", str(cfg), "--seat", "client", "--persona", "p9",
+                 "--out", str(tmp_path / "b")]) == 2
+    assert "names no persona" in capsys.readouterr().err
+
+
+# -- a pseudo-terminal: readline, Ctrl-C and Ctrl-D as a person types them ----------------------
+def _expect(fd: int, text: str, seen: bytearray, count: int = 1, limit_s: float = 120.0) -> None:
+    """Read the terminal until ``text`` has appeared ``count`` times (``limit_s``: only a guard
+    against a hang, never a measurement)."""
+    deadline = time.monotonic() + limit_s
+    while seen.count(text.encode()) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} never appeared; the terminal shows:\n"
+                                 f"{seen.decode(errors='replace')}")
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                chunk = b""
+            if not chunk:
+                raise AssertionError(f"the session ended before {text!r}:\n"
+                                     f"{seen.decode(errors='replace')}")
+            seen.extend(chunk)
+
+
+def _spawn(args: list[str]) -> tuple[int, int]:
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal, so ^C is a SIGINT
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "spasm", *args], _env())
+    return pid, fd
+
+
+def _finish(pid: int, fd: int, seen: bytearray) -> int:
+    with_end = time.monotonic() + 60
+    while time.monotonic() < with_end:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen.extend(chunk)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.parametrize(("key", "how"), [(b"\x03", "Ctrl-C"), (b"\x04", "Ctrl-D")])
+def test_in_a_terminal_ctrl_c_or_ctrl_d_saves_what_was_said(tmp_path: Path, server: Any,
+                                                            key: bytes, how: str) -> None:
+    cfg = _config(tmp_path, server.base_url)
+    pid, fd = _spawn(["play", "--config", str(cfg), "--seat", "client", "--out", str(tmp_path / "run")])
+    seen = bytearray()
+    _expect(fd, "Your part", seen)
+    _expect(fd, "you> ", seen)
+    os.write(fd, b"My parcel never arrived\x7f\x7f\x7f\x7f\x7f\x7f\x7farrived, it is a week late.\r")
+    _expect(fd, "Responder:", seen)
+    _expect(fd, "you> ", seen, count=2)
+    os.write(fd, key)
+    code = _finish(pid, fd, seen)
+    assert code == 0, seen.decode(errors="replace")
+    assert b"Saved:" in seen
+    dialogue, turns, _ = _read(tmp_path / "run")
+    assert dialogue["termination_reason"] == "ended_by_person" and how in dialogue["termination_detail"]
+    # readline edited the line (the backspaces): the stored text is what was finally entered.
+    assert [t["speaker"] for t in turns] == ["client", "responder"]
+    assert turns[0]["text"] == "My parcel never arrived, it is a week late."
+    assert turns[0]["typing_ms"] is not None
+
+
+def test_export_leaves_human_dialogues_out_unless_include_human(tmp_path: Path, server: Any,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    lines = ["Hi, my internet bill doubled this month.", "I was charged for a router I returned.",
+             "Can you refund the router fee?", "Thanks, that settles it."]
+    run = tmp_path / "run"
+    done = _pipe(_config(tmp_path, server.base_url), run, [*lines, ""], "--seat", "client")
+    assert done.returncode == 0, done.stderr
+    assert main(["export", str(run), "--out", str(tmp_path / "none")]) == 2
+    assert "human 1" in capsys.readouterr().err
+    assert main(["export", str(run), "--out", str(tmp_path / "kept"), "--include-human"]) == 0
+    card = (tmp_path / "kept" / "README.md").read_text(encoding="utf-8")
+    assert "1 of the conversations have a person in a seat" in card
+    assert json.loads((tmp_path / "kept" / "card.json").read_text())["human_conversations"] == 1
