@@ -116,6 +116,9 @@ class CardStats(BaseModel):
     redactions: dict[str, int] = {}
     dropped: dict[str, int] = {}
     quarantined: int = 0
+    #: Conversations with a person in a seat kept by ``--include-human`` (left out of the
+    #: card.json of an export without them).
+    human_conversations: int = 0
     role: str | None = None
     formats: list[str] = []
     #: ``keep``, ``merge`` (into the first user message) or ``drop``.

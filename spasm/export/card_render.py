@@ -169,6 +169,13 @@ def _quality(s: CardStats) -> list[str]:
         if s.quarantined:
             lines += [f"{_n(s.quarantined)} further conversations were quarantined with an error during "
                       "generation and never completed.", ""]
+        if s.dropped.get("human"):
+            lines += [f"{_n(s.dropped['human'])} conversations with a person in a seat (`spasm play`) "
+                      "are left out: people typed their turns (pass `--include-human` to keep them).", ""]
+        if s.human_conversations:
+            lines += [f"{_n(s.human_conversations)} of the conversations have a person in a seat "
+                      "(`--include-human`): their turns were typed by people (pseudonymous operators, "
+                      "`dialogues.operator`), not generated.", ""]
     return lines
 
 

@@ -66,6 +66,8 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     s.add_argument("--echoing", default="drop", help="dialogues spasm eval/annotators marked as echoing: "
                    "drop (default), keep, only")
     s.add_argument("--include-failed", action="store_true", help="keep dialogues whose status is not ok")
+    s.add_argument("--include-human", action="store_true", help="keep dialogues with a person in a "
+                   "seat (spasm play): left out by default, since people typed their turns")
     c = p.add_argument_group("checking")
     c.add_argument("--check", type=Path, metavar="FILE", help="check an OpenAI chat JSONL file")
     c.add_argument("--token-limit", type=int, metavar="N",
@@ -99,7 +101,7 @@ def _selection(args: argparse.Namespace) -> Any:
         harness_levels=_listed(args.harness_level), terminations=_listed(args.termination),
         min_utterances=args.min_utterances, max_utterances=args.max_utterances,
         allow_qa=kinds(args.allow_qa), only_qa=kinds(args.only_qa), echoing=args.echoing,
-        include_failed=args.include_failed,
+        include_failed=args.include_failed, include_human=args.include_human,
     )
 
 

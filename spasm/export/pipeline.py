@@ -191,6 +191,16 @@ def _publish(stage: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def human_dialogues(run: Run) -> set[str]:
+    """The dialogues with a person in a seat (a run with a human seat, format 1.8): a seat of
+    kind ``human``, or a human operator; none in any other run."""
+    if not run.has("dialogues"):
+        return set()
+    t = run.table("dialogues", ["dialogue_id", "client_kind", "responder_kind", "operator"])
+    rows = zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True)
+    return {d for d, ck, rk, op in rows if "human" in (ck, rk) or op is not None}
+
+
 def _speakers(index: pa.Table, seats: dict[str, list[dict[str, Any]]]) -> dict[str, set[str]]:
     """Who speaks in each dialogue (a group dialogue's as :func:`speaker_tokens`)."""
     grouped = index.group_by("dialogue_id").aggregate([("speaker", "distinct")])
@@ -431,8 +441,9 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
         write_qa(run.dir, qa, locked=True)
     index = turn_index(run)
     errors = run.table("errors", ["dialogue_id"]).column(0).to_pylist() if run.has("errors") else []
+    people = human_dialogues(run)
     result = select(dialogues, qa, options.selection, errors, speakers=_speakers(index, seats),
-                    role=select_role(options.role))
+                    role=select_role(options.role), people=people)
     if not result.kept:
         raise _selection_error(result)
     keep = pc.is_in(dialogues.column("dialogue_id"), value_set=pa.array(result.kept, pa.string()))
@@ -463,7 +474,8 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
                                   conversations=built.splits[s]["conversations"],
                                   examples=built.splits[s]["examples"]) for s in names},
             qa=qa.summary, redactions=dict(sorted(built.redactions.items())), dropped=result.dropped,
-            quarantined=result.quarantined, role=options.role, formats=[f.name for f in formats],
+            quarantined=result.quarantined, role=options.role,
+            human_conversations=len(people & set(result.kept)), formats=[f.name for f in formats],
             license=options.license or str((run.config or {}).get("license") or "unknown"),
             language=options.language, system_prompt=options.system_prompt, ending=options.ending,
             trimmed_turns=built.trimmed,
@@ -478,7 +490,8 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
         atomic_write_text(stage / "README.md", card_text)
         mark_output(stage, "export")  # so a later --overwrite may replace this, and only this
         # Not the scan's time: identical runs give identical exports (it is in the run's qa table).
-        exclude: dict[str, Any] = {"qa": {"found_at"}, **({} if seats else {"group": True})}
+        exclude: dict[str, Any] = {"qa": {"found_at"}, **({} if seats else {"group": True}),
+                                   **({} if people else {"human_conversations": True})}
         atomic_write_json(stage / "card.json", stats.model_dump(mode="json", exclude=exclude))
         shutil.rmtree(stage / ".work", ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ counted under the first reason that applies, in the order of :data:`REASONS`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,10 +33,14 @@ DIALOGUE_COLUMNS = ["dialogue_id", "persona_id", "conversation_index", "conditio
 #: Unredactable QA kinds in the order a dropped dialogue is attributed to them.
 _QA_ORDER = ("duplicate", "near_duplicate", "ai_identity", "prompt_leak", "harness_notes", "empty_turn",
              "alternation", "off_language")
-REASONS = ("failed", "condition", "pairing", "harness_level", "termination_reason", "min_utterances",
+REASONS = ("failed", "human", "condition", "pairing", "harness_level", "termination_reason", "min_utterances",
            "max_utterances", "echoing", *(f"qa:{k}" for k in _QA_ORDER), "only_qa", "no_turn_of_role")
 _FILTERS = {"condition": "conditions", "pairing": "pairings", "harness_level": "harness_levels",
             "termination_reason": "terminations"}
+
+
+#: The reasons a dialogue with a person in it is dropped under ``human`` instead (all but failed).
+_AFTER_HUMAN = (None, *REASONS[2:])
 
 
 def qa_kinds() -> list[str]:
@@ -62,6 +66,9 @@ class Selection(BaseModel):
     echoing: Literal["drop", "keep", "only"] = "drop"
     #: Keep dialogues that failed (status other than ok).
     include_failed: bool = False
+    #: Keep dialogues with a person in a seat (``spasm play``, imports): their turns were
+    #: typed by people, so they are training data only when asked for (``--include-human``).
+    include_human: bool = False
 
     def check_kinds(self) -> None:
         """Unknown finding kinds are a :class:`UserError`."""
@@ -135,10 +142,13 @@ def select(
     *,
     speakers: Mapping[str, set[str]] | None = None,
     role: str = "responder",
+    people: Collection[str] = (),
 ) -> SelectionResult:
     """Apply ``selection`` to the dialogues table (``DIALOGUE_COLUMNS``). With ``speakers``
     (who speaks in each dialogue), a dialogue without a turn of the exported ``role`` (each
-    role for ``both``) is dropped too: it would make an example with nothing to train on."""
+    role for ``both``) is dropped too: it would make an example with nothing to train on.
+    ``people``: the dialogues with a person in a seat, dropped (``human``) unless
+    ``include_human``."""
     needed = {"client", "responder"} if role == "both" else {role}
     check_selection(dialogues, selection)
     if selection.echoing == "only" and not qa.summary.role_flips.startswith(("spasm eval", "annotations")):
@@ -156,6 +166,8 @@ def select(
         row = {c: data[c][i] for c in columns}
         kinds = by_kind.get(did, set())
         reason = _reason(row, selection, kinds - {"role_flip"}, "role_flip" in kinds)
+        if reason in _AFTER_HUMAN and did in people and not selection.include_human:
+            reason = "human"
         if reason is None and speakers is not None and not needed <= speakers.get(did, set()):
             reason = "no_turn_of_role"
         if reason is None:
