@@ -1,4 +1,4 @@
-"""People in seats: the human record of a run with a ``kind: human`` seat (format 1.8).
+"""People in seats: the human record of a run with a ``kind: human`` seat (format 1.10).
 
 A run with a human seat stores each seat's kind (``llm``, ``function``, ``human``) in its
 dialogues (two-party: ``client_kind``, ``responder_kind``) and participants (``kind``) rows, the
@@ -41,7 +41,7 @@ def seat_kind(config: RunConfig, backend: str) -> str:
 
 
 def has_people(config: RunConfig) -> bool:
-    """Whether the run has a backend a person answers for (its tables get the 1.8 columns)."""
+    """Whether the run has a backend a person answers for (its tables get the 1.10 columns)."""
     return any(b.kind == "human" for b in config.backends.values())
 
 

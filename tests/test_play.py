@@ -76,7 +76,7 @@ def test_a_person_on_a_pipe_plays_the_client_seat_until_the_chain_ends_it(tmp_pa
     assert len(human) == 4 and not any(c["cache_hit"] for c in human)
     assert {c["backend"] for c in calls if c["role"] != "client"} == {"srv"}
     assert open_run(tmp_path / "run").manifest["status"] == "complete"
-    # The stored columns: the 1.8 human-seat columns after the table's own.
+    # The stored columns: the 1.10 human-seat columns after the table's own.
     names = pq.read_schema(next((tmp_path / "run" / "turns.parquet").glob("*.parquet"))).names
     assert names[-3:] == ["typing_ms", "edits", "pasted_chars"]
 
