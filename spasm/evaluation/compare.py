@@ -61,6 +61,10 @@ COMPARED_METRICS: tuple[str, ...] = (
     "language_compliance_client",
     "language_compliance_responder",
     "goal_met",
+    # Runs with tools: the Client repeats a payload it could not see (spasm.evaluation.leaks);
+    # --simulator-errors: a critical error of the simulated user (spasm.evaluation.simulator).
+    "payload_leak",
+    "sim_critical",
     # Group runs (spasm.evaluation.group): role confusion per dialogue.
     "group_impersonation",
     "group_impersonation_share",

@@ -38,6 +38,9 @@ __all__ = [
     "Metrics",
     "PairedComparison",
     "PassHatK",
+    "PayloadLeakExample",
+    "PayloadLeakMetrics",
+    "PayloadLeakRate",
     "RealismMetrics",
     "RealismReference",
     "RealismStat",
@@ -475,6 +478,46 @@ class SimulatorErrorMetrics(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
+class PayloadLeakRate(_Model):
+    """Share of dialogues with a Client utterance that repeats a payload its egocentric frame
+    hid, with a Wilson 95% interval. ``pairing`` and ``condition`` are one or ``all``."""
+
+    pairing: str
+    condition: str
+    n: int = Field(description="dialogues checked (a run with an events table)")
+    n_leaking: int
+    rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    utterances: int = Field(description="Client utterances with a leaked span")
+    spans: int
+
+
+class PayloadLeakExample(_Model):
+    """One leaked span, with the utterance and the event it came from."""
+
+    dialogue_id: str
+    condition: str
+    turn: int
+    speaker: str
+    span: str
+    tool: str | None
+    actor: str = Field(description="who made the call whose payload leaked")
+    text: str
+
+
+class PayloadLeakMetrics(_Model):
+    """``payload_leak`` (runs with an events table): what CONCAT lets the simulated user see."""
+
+    frame: str = Field(description="the condition whose frame says what the Client could see")
+    min_chars: int
+    max_words: int
+    checked: int
+    rates: list[PayloadLeakRate]
+    examples: list[PayloadLeakExample] = Field(description="up to 10")
+    notes: list[str] = Field(default_factory=list)
+
+
 class GroupRate(_Model):
     """Share of a condition's group dialogues a detector flags, with a Wilson 95% interval."""
 
@@ -576,6 +619,8 @@ class Metrics(_Model):
     goals: GoalMetrics | None = Field(None, description="goal success (runs with scenarios)")
     group: GroupMetrics | None = Field(None, description="role confusion (group runs)")
     reliability: ReliabilityMetrics | None = Field(None, description="pass^k (runs with trials)")
+    payload_leak: PayloadLeakMetrics | None = Field(
+        None, description="Client utterances repeating hidden tool payloads (runs with events)")
     simulator_errors: SimulatorErrorMetrics | None = Field(
         None, description="the simulated user's judged errors (--simulator-errors)")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")

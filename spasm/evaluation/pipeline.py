@@ -31,6 +31,7 @@ from spasm.dataset.columns import PersonaProbe, load_persona_probes
 from spasm.dataset.files import atomic_write_table, atomic_write_text
 from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import check_output, mark_output
+from spasm.dataset.reader import open_run
 from spasm.errors import UserError
 from spasm.evaluation.agreement import human_agreement
 from spasm.evaluation.compare import Comparison, compare_conditions, write_comparison
@@ -59,6 +60,7 @@ from spasm.evaluation.goals import goal_metrics
 from spasm.evaluation.group import GroupResult, group_stage, two_party_note
 from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
 from spasm.evaluation.language import language_scan
+from spasm.evaluation.leaks import leak_stage
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
 from spasm.evaluation.loader import Conversation, RunData, load_run
 from spasm.evaluation.metrics import (
@@ -364,6 +366,12 @@ def _evaluate(
     if group is not None:
         timings["group"] = time.perf_counter() - t0
 
+    t0 = time.perf_counter()
+    leak, leak_cols = leak_stage(open_run(data.run_dir, verify=False), convs)
+    if leak is not None:  # a run with tools: payload_leak per dialogue
+        realism_cols = realism_cols.join(pd.DataFrame.from_dict(leak_cols, orient="index"))
+        timings["payload_leak"] = time.perf_counter() - t0
+
     consistency_metrics: ConsistencyMetrics | None = None
     consistency_by_judge = None
     if consistency and llm is not None:
@@ -413,6 +421,7 @@ def _evaluate(
         goals=goal_metrics(convs),
         group=group.metrics if group is not None else None,
         reliability=reliability_metrics(convs),
+        payload_leak=leak,
         simulator_errors=simulator,
         llm=llm.usage() if llm is not None else None,
         timings={},

@@ -1,5 +1,5 @@
 """The eval report's section on outcomes (issue 31): reliability over trials (pass^k and the
-noise floor), and the simulated user's errors. Empty for a run that has none of them, so
+noise floor), payload leaks, and the simulated user's judged errors. Empty for a run that has none of them, so
 other reports are unchanged. Its own module, beside :mod:`spasm.evaluation.report_group`,
 drawing with :mod:`spasm.evaluation.report_parts`."""
 
@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import html
 
-from spasm.evaluation.metrics import Metrics, ReliabilityMetrics, SimulatorErrorMetrics
+from spasm.evaluation.metrics import (
+    Metrics,
+    PayloadLeakMetrics,
+    ReliabilityMetrics,
+    SimulatorErrorMetrics,
+)
 from spasm.evaluation.report_parts import _ci, _fmt, _table
 
 __all__ = ["outcomes_html"]
@@ -74,11 +79,38 @@ def _simulator_html(s: SimulatorErrorMetrics) -> str:
     )
 
 
+def _leak_html(p: PayloadLeakMetrics) -> str:
+    table = _table(
+        ["pairing", "condition", "dialogues", "leaking", "rate", "Wilson 95% CI",
+         "Client utterances", "spans"],
+        [[r.pairing, r.condition, r.n, r.n_leaking, r.rate, _ci(r.ci_low, r.ci_high),
+          r.utterances, r.spans] for r in p.rates],
+    )
+    examples = "".join(
+        f"<li><b>{html.escape(e.dialogue_id)}</b> ({html.escape(e.condition.upper())}) utterance "
+        f"{e.turn} ({html.escape(e.speaker)}) repeats <code>{html.escape(e.span)}</code> from "
+        f"{html.escape(e.actor)}'s {html.escape(e.tool or 'event')}"
+        f"<blockquote>{html.escape(e.text)}</blockquote></li>" for e in p.examples)
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in p.notes)
+    return (
+        "<h2>Payload leaks (the simulated user repeats what it could not see)</h2>"
+        f"<p class='meta'>A Client utterance leaks when it repeats a span of a tool event its "
+        f"{html.escape(p.frame.upper())} frame would not show (strings and numbers of the "
+        f"payloads, at least {p.min_chars} characters; longer texts as runs of {p.max_words} "
+        f"words). {p.checked} dialogues checked. CONCAT shows every event; ECP and quoted "
+        "show others' events only as their notice.</p>"
+        f"{table}" + (f"<ul>{examples}</ul>" if examples else "")
+        + (f"<ul class='notes'>{notes}</ul>" if notes else "")
+    )
+
+
 def outcomes_html(metrics: Metrics) -> str:
     """The section's HTML (``""`` when the run has neither trials nor judged simulator errors)."""
     parts = []
     if metrics.reliability is not None:
         parts.append(_reliability_html(metrics.reliability))
+    if metrics.payload_leak is not None:
+        parts.append(_leak_html(metrics.payload_leak))
     if metrics.simulator_errors is not None:
         parts.append(_simulator_html(metrics.simulator_errors))
     return "".join(parts)
