@@ -31,8 +31,7 @@ from typing import Any
 from spasm.dataset.reader import Run, seen_messages
 from spasm.evaluation.loader import Conversation, clean_cell, seat_role
 from spasm.evaluation.metrics import PayloadLeakExample, PayloadLeakMetrics, PayloadLeakRate
-from spasm.evaluation.stats import wilson_interval
-from spasm.evaluation.summary import finite
+from spasm.evaluation.stats import finite, wilson_interval
 from spasm.registry import condition_rank
 
 __all__ = ["MAX_WORDS", "MIN_CHARS", "Leak", "dialogue_leaks", "leak_metrics", "leak_stage",
