@@ -130,6 +130,28 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the condition every other one is compared with (default: ecp when present)",
     )
+    p.add_argument(
+        "--own-ngram",
+        metavar="N",
+        type=int,
+        default=4,
+        help="own content: a Client word is copied when it lies in a run of at least N words an "
+        "earlier utterance of the dialogue contains (default 4)",
+    )
+    p.add_argument(
+        "--own-min-words",
+        metavar="N",
+        type=int,
+        default=4,
+        help="own content: an utterance something was cut from is left out when it keeps fewer "
+        "than N words (default 4)",
+    )
+    p.add_argument(
+        "--own-consistency",
+        action="store_true",
+        help="with --consistency, also judge prompt-to-line on the Client's own content (copied "
+        "spans removed): one more call per dialogue whose Client copied",
+    )
     p.add_argument("--concurrency", metavar="N", type=int, default=8, help="LLM calls in flight")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -253,6 +275,10 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
         )
     if args.concurrency < 1:
         raise UserError("--concurrency must be at least 1.")
+    if args.own_ngram < 2 or args.own_min_words < 1:
+        raise UserError("--own-ngram must be at least 2 and --own-min-words at least 1.")
+    if args.own_consistency and not args.consistency:
+        raise UserError("--own-consistency judges prompt-to-line on own content; add --consistency.")
     if not Path(args.run_dir).is_dir():
         raise UserError(f"Run directory {args.run_dir} does not exist.")
     if args.reference is not None and not Path(args.reference).is_dir():
@@ -286,6 +312,9 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
         retrieval=args.retrieval,
         reference=args.reference,
         baseline=args.baseline,
+        own_ngram=args.own_ngram,
+        own_min_words=args.own_min_words,
+        own_consistency=args.own_consistency,
         out_dir=out,
         concurrency=args.concurrency,
         progress=False if args.no_progress else None,

@@ -16,6 +16,7 @@ ECP-vs-CONCAT drift and per-pairing tables.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
-from spasm.evaluation.metrics import GoalMetrics, GroupMetrics, Metrics
+from spasm.evaluation.metrics import GoalMetrics, GroupMetrics, Metrics, PairedComparison
+from spasm.evaluation.owncontent import OWN_SUFFIX, own_column
 from spasm.evaluation.realism import REALISM_METRICS
 from spasm.evaluation.stats import cohen_dz_interval, finite, holm, mean_ci, paired_test
 from spasm.registry import ordered_conditions
@@ -40,6 +42,7 @@ __all__ = [
     "comparison_text",
     "group_text",
     "load_comparison",
+    "mark_copying",
     "write_comparison",
 ]
 
@@ -52,10 +55,16 @@ COMPARED_METRICS: tuple[str, ...] = (
     "drift_concerns",
     "drift_emotion",
     "drift_motivation",
+    # The same on the Client's own content (copied spans removed; owncontent.py).
+    "drift_utterance_own",
+    "drift_concerns_own",
+    "drift_emotion_own",
+    "drift_motivation_own",
     "echoing",
     "echo_score",
     *REALISM_METRICS,
     "consistency_prompt_to_line",
+    "consistency_prompt_to_line_own",
     "consistency_line_to_line",
     "qa_consistency",
     "language_compliance_client",
@@ -78,6 +87,10 @@ COMPARED_METRICS: tuple[str, ...] = (
     "group_drift_concerns",
     "group_drift_emotion",
     "group_drift_motivation",
+    "group_drift_utterance_own",
+    "group_drift_concerns_own",
+    "group_drift_emotion_own",
+    "group_drift_motivation_own",
 )
 #: Dialogues of two conditions are the same "experiment" when these agree.
 #: ``scenario_id`` and ``persona_set`` (a group dialogue's client personas) count only in runs
@@ -126,6 +139,10 @@ class Contrast(_Model):
     p_holm: float | None = Field(description="t-test p, Holm-corrected over this contrast's metrics")
     significant: bool = Field(description="p_holm < alpha")
     note: str | None = None
+    explained_by_copying: bool = Field(
+        False,
+        description="significant on the raw text, not on the Client's own content (its _own metric)",
+    )
 
 
 class GroupLevel(_Model):
@@ -140,6 +157,9 @@ class GroupLevel(_Model):
     intra_mean: float | None
     acc_at_1: float | None
     random_at_1: float | None
+    silhouette_own: float | None = None
+    davies_bouldin_own: float | None = None
+    acc_at_1_own: float | None = None
 
 
 class Comparison(_Model):
@@ -157,15 +177,20 @@ class Comparison(_Model):
     contrasts: list[Contrast]
     groups: list[GroupLevel]
     notes: list[str] = Field(default_factory=list)
+    copying: str | None = Field(
+        None, description="which significant differences vanish once copying is removed (own content)"
+    )
 
 
 def _groups(metrics: Metrics | None) -> list[GroupLevel]:
     if metrics is None:
         return []
     sep = {(g.pairing, g.condition): g for g in metrics.separability}
+    own = {(g.pairing, g.condition): g for g in metrics.separability_own}
     out = []
     for r in metrics.echoing.rates:
         g = sep.get((r.pairing, r.condition))
+        o = own.get((r.pairing, r.condition))
         out.append(
             GroupLevel(
                 pairing=r.pairing,
@@ -177,9 +202,52 @@ def _groups(metrics: Metrics | None) -> list[GroupLevel]:
                 intra_mean=g.intra_mean if g else None,
                 acc_at_1=g.acc_at_k[0] if g and g.acc_at_k else None,
                 random_at_1=g.random_at_k[0] if g and g.random_at_k else None,
+                silhouette_own=o.silhouette if o else None,
+                davies_bouldin_own=o.davies_bouldin if o else None,
+                acc_at_1_own=o.acc_at_k[0] if o and o.acc_at_k else None,
             )
         )
     return out
+
+
+def mark_copying(contrasts: Sequence[Contrast]) -> str | None:
+    """Mark every raw difference that is significant while its own-content counterpart (the
+    ``_own`` metric of the same contrast and pairing) is not — ``explained_by_copying`` — and
+    say in one sentence which differences vanish once copying is removed (``None`` when no
+    metric has an own-content counterpart)."""
+    by_key = {(c.metric, c.baseline, c.condition, c.pairing): c for c in contrasts}
+    vanish: list[str] = []
+    remain: list[str] = []
+    appear: list[str] = []
+    counterparts = 0
+    for c in contrasts:
+        if c.metric.endswith(OWN_SUFFIX):
+            continue
+        o = by_key.get((own_column(c.metric), c.baseline, c.condition, c.pairing))
+        if o is None:
+            continue
+        counterparts += 1
+        label = f"{c.metric} ({c.baseline} − {c.condition}" + (
+            ")" if c.pairing == "all" else f", {c.pairing})")
+        if c.significant and not o.significant:
+            c.explained_by_copying = True
+            vanish.append(label)
+        elif c.significant:
+            remain.append(label)
+        elif o.significant:
+            appear.append(label)
+    if not counterparts:
+        return None
+    if not (vanish or remain):
+        sentence = "No raw drift or consistency difference is significant, so copying explains none"
+    elif vanish:
+        sentence = ("Once copying is removed (own content), these differences vanish: " + ", ".join(vanish)
+                    + ("; these remain: " + ", ".join(remain) if remain else ""))
+    else:
+        sentence = "Every significant raw difference remains once copying is removed: " + ", ".join(remain)
+    if appear:
+        sentence += "; significant on own content only: " + ", ".join(appear)
+    return sentence + "."
 
 
 def compare_conditions(
@@ -288,6 +356,7 @@ def compare_conditions(
                     f"{first} vs {cond} cannot be paired."
                 )
             contrasts.extend(family)
+    copying = mark_copying(contrasts)
     return Comparison(
         run_dir=str(run_dir),
         baseline=base,
@@ -298,6 +367,7 @@ def compare_conditions(
         contrasts=contrasts,
         groups=_groups(metrics),
         notes=notes,
+        copying=copying,
     )
 
 
@@ -350,32 +420,29 @@ def comparison_text(metrics: Metrics, comparison: Comparison | None = None) -> s
         f"Run: {metrics.run_dir}   embedder: {metrics.embedder}   drift mode: "
         f"{metrics.drift.mode}   echoing: {metrics.echoing.method}"
     ]
-    rows = [
-        {
-            "dimension": p.dimension,
-            "pairing": p.pairing,
-            "pairs": p.n_pairs,
-            "ECP": _num(p.mean_ecp),
-            "CONCAT": _num(p.mean_concat),
-            "ΔDrift": _num(p.delta),
-            "95% CI": f"[{_num(p.delta_ci_low)}, {_num(p.delta_ci_high)}]",
-            "Cohen d": _num(p.cohen_d, 2),
-            "p(t)": _num(p.p_ttest),
-            "p(W)": _num(p.p_wilcoxon),
-            "note": p.note or "",
-        }
-        for p in metrics.drift.comparisons
-    ]
+    rows = [_drift_row(p) for p in metrics.drift.comparisons]
     parts.append("\nECP vs CONCAT — per-dialogue mean drift (client turns t >= 1), paired")
     if rows:
         parts.append(pd.DataFrame(rows).to_string(index=False))
     else:
         parts.append("  (no pairs) " + " ".join(metrics.drift.notes))
+    own = metrics.drift.own
+    if own is not None and own.comparisons:
+        parts.append("\nThe same on the Client's own content (copied spans of >= "
+                     f"{metrics.own_content.ngram if metrics.own_content else 4} words removed)")
+        parts.append(pd.DataFrame([_drift_row(p) for p in own.comparisons]).to_string(index=False))
 
     sep = {(g.pairing, g.condition): g for g in metrics.separability}
+    sep_own = {(g.pairing, g.condition): g for g in metrics.separability_own}
     rows = []
     for r in metrics.echoing.rates:
         g = sep.get((r.pairing, r.condition))
+        o = sep_own.get((r.pairing, r.condition))
+        own_cells = {} if not sep_own else {
+            "silhouette own": _num(o.silhouette if o else None, 2),
+            "DBI own": _num(o.davies_bouldin if o else None, 2),
+            "Acc@1 own": _num(o.acc_at_k[0] if o else None, 2),
+        }
         rows.append(
             {
                 "pairing": r.pairing,
@@ -389,6 +456,7 @@ def comparison_text(metrics: Metrics, comparison: Comparison | None = None) -> s
                 else f"{g.intra_mean:.2f}±{(g.intra_sd or 0):.2f}",
                 "Acc@1": _num(g.acc_at_k[0] if g else None, 2),
                 "random@1": _num(g.random_at_k[0] if g else None, 2),
+                **own_cells,
             }
         )
     parts.append("\nPer pairing × condition — echoing (Wilson 95% CI) and persona separability")
@@ -400,6 +468,22 @@ def comparison_text(metrics: Metrics, comparison: Comparison | None = None) -> s
     if comparison is not None:
         parts.append(_contrast_text(comparison))
     return "\n".join(parts) + "\n"
+
+
+def _drift_row(p: PairedComparison) -> dict[str, object]:
+    return {
+        "dimension": p.dimension,
+        "pairing": p.pairing,
+        "pairs": p.n_pairs,
+        "ECP": _num(p.mean_ecp),
+        "CONCAT": _num(p.mean_concat),
+        "ΔDrift": _num(p.delta),
+        "95% CI": f"[{_num(p.delta_ci_low)}, {_num(p.delta_ci_high)}]",
+        "Cohen d": _num(p.cohen_d, 2),
+        "p(t)": _num(p.p_ttest),
+        "p(W)": _num(p.p_wilcoxon),
+        "note": p.note or "",
+    }
 
 
 def goal_text(goals: GoalMetrics) -> str:
@@ -455,6 +539,8 @@ def _contrast_text(comparison: Comparison) -> str:
             "p(t)": _num(c.p_ttest),
             "p(Holm)": _num(c.p_holm),
             "": "*" if c.significant else "",
+            **({"copying": "explained by copying" if c.explained_by_copying else ""}
+               if comparison.copying is not None else {}),
         }
         for c in comparison.contrasts
         if c.pairing == "all"
@@ -465,4 +551,5 @@ def _contrast_text(comparison: Comparison) -> str:
     )
     if not rows:
         return head + "\n  (nothing to pair) " + " ".join(comparison.notes)
-    return head + "\n" + pd.DataFrame(rows).to_string(index=False)
+    tail = f"\n{comparison.copying}" if comparison.copying else ""
+    return head + "\n" + pd.DataFrame(rows).to_string(index=False) + tail

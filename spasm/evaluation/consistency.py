@@ -185,12 +185,14 @@ async def judge_consistency(
     concurrency: int = 8,
     on_done: Callable[[int], None] | None = None,
     qa: Mapping[tuple[str, str], Sequence[PersonaProbe]] | None = None,
+    measures: Sequence[Measure] = ("prompt_to_line", "line_to_line"),
 ) -> tuple[dict[str, ConsistencyVerdict], int]:
     """Prompt-to-line, line-to-line and (with ``qa``: the persona probes of each
     ``(dialogue_id, speaker in lower case)``) Q&A labels of every dialogue by one judge.
 
     Dialogues whose persona has no card get no prompt-to-line or Q&A labels; a measure with
-    no line (or answer) to judge is skipped without a call.
+    no line (or answer) to judge is skipped without a call. ``measures``: the line measures
+    judged (the others get no labels).
 
     Returns:
         ``(verdicts by dialogue_id, fallbacks)``: fallbacks count measures whose reply never
@@ -211,7 +213,7 @@ async def judge_consistency(
         labels: dict[str, list[int] | None] = {}
         failed: list[str] = []
         seats = _seats(conv, cards)
-        for measure in ("prompt_to_line", "line_to_line"):
+        for measure in measures:
             got: list[int] | None = []
             asked = False
             for seat in seats:
@@ -246,7 +248,7 @@ async def judge_consistency(
             failed.append("qa")
         labels["qa"] = qa_got if qa_asked else None
         out[conv.dialogue_id] = ConsistencyVerdict(
-            conv.dialogue_id, labels["prompt_to_line"], labels["line_to_line"], tuple(failed),
+            conv.dialogue_id, labels.get("prompt_to_line"), labels.get("line_to_line"), tuple(failed),
             qa=labels["qa"],
         )
         if on_done is not None:

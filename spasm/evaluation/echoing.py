@@ -44,14 +44,17 @@ from spasm.evaluation.loader import Conversation
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "OWN_NGRAM",
     "STOPWORDS",
     "EchoVerdict",
     "Side",
     "TurnSignals",
     "Who",
+    "copied_words",
     "quote",
     "role_cues",
     "rule_echoing",
+    "without_copied",
 ]
 
 DEFAULT_THRESHOLD = 0.5
@@ -241,6 +244,66 @@ def _tokens(text: str) -> list[str]:
 def _content_trigrams(tokens: Sequence[str]) -> list[tuple[str, str, str]]:
     grams = [(tokens[i], tokens[i + 1], tokens[i + 2]) for i in range(len(tokens) - 2)]
     return [g for g in grams if not all(w in _STOPWORDS for w in g)]
+
+
+#: Own content (docs/evaluation.md, "Own content"): a word is copied when it lies in a run of at
+#: least this many words that an earlier utterance of the dialogue already contains.
+OWN_NGRAM = 4
+
+
+def _word_spans(text: str) -> tuple[list[str], list[tuple[int, int]], str]:
+    """The words of ``text`` as :func:`_tokens` reads them, their character spans, and the text
+    the spans index (``text`` itself unless lower-casing changed its length)."""
+    normal = _normalise(text)
+    low = normal.lower()
+    matches = list(_WORD.finditer(low))
+    base = text if len(low) == len(text) else low
+    return [m.group(0) for m in matches], [m.span() for m in matches], base
+
+
+def copied_words(texts: Sequence[str], n: int = OWN_NGRAM) -> list[list[bool]]:
+    """For every utterance of a dialogue, in order, which of its words (as the rule tokenises
+    them) lie in a word ``n``-gram that an earlier utterance — anyone's, the speaker's own too —
+    contains. ``n``-grams made only of stopwords never count, as in the copy signal."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    seen: set[tuple[str, ...]] = set()
+    out: list[list[bool]] = []
+    for text in texts:
+        tokens = _tokens(text)
+        grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+        mask = [False] * len(tokens)
+        for i, gram in enumerate(grams):
+            if gram in seen and not all(w in _STOPWORDS for w in gram):
+                mask[i : i + n] = [True] * n
+        out.append(mask)
+        seen.update(grams)
+    return out
+
+
+def without_copied(text: str, mask: Sequence[bool]) -> str:
+    """``text`` with its copied words (``mask``, from :func:`copied_words`) cut out: each run
+    of copied words goes with what follows it up to the next word of its own (punctuation,
+    spaces), so ``"Own words. Copied line?"`` keeps ``"Own words."``. Unchanged when nothing
+    is copied."""
+    if not any(mask):
+        return text
+    _, spans, base = _word_spans(text)
+    pieces: list[str] = []
+    cursor = 0
+    i = 0
+    while i < len(spans):
+        if not mask[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(spans) and mask[j + 1]:
+            j += 1
+        pieces.append(base[cursor : spans[i][0]])
+        cursor = spans[j + 1][0] if j + 1 < len(spans) else len(base)
+        i = j + 1
+    pieces.append(base[cursor:])
+    return "".join(pieces).strip()
 
 
 def role_cues(text: str, side: Side) -> list[str]:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from spasm.dataset.reader import Run, open_run
@@ -355,38 +356,47 @@ def seat_drift(
     dialogues: Sequence[GroupDialogue],
     personas: Mapping[str, Mapping[str, object]],
     embed: Embed,
+    own: Mapping[str, Sequence[str | None]] | None = None,
 ) -> dict[tuple[str, str], dict[str, float]]:
     """Cheap-mode drift of every client seat: (dialogue_id, participant_id) -> dimension -> the
     mean over the seat's utterances t >= 1 (NaN for a seat that spoke once or never).
 
     The drift metric takes one Client's utterances and persona; each seat is handed to it as
     its own conversation (its utterances only, its persona id), so the definition is unchanged.
+    ``own``: drift on own content instead (:mod:`spasm.evaluation.owncontent`): per dialogue,
+    per utterance, the text to embed, ``None`` for an utterance left out (its turn is missing).
     """
     seats: list[Conversation] = []
     keys: dict[str, tuple[str, str]] = {}
-    texts: dict[str, list[str]] = {}
+    texts: dict[str, list[str | None]] = {}
     for d in dialogues:
+        said: Sequence[str | None] = d.texts if own is None else own.get(d.dialogue_id, d.texts)
         for p in d.participants:
             if p.role != "client":
                 continue
-            own = [t for s, t in zip(d.speakers, d.texts, strict=True) if s == p.participant_id]
-            if not own:
+            mine = [t for s, t in zip(d.speakers, said, strict=True) if s == p.participant_id]
+            if not mine:
                 continue
             key = f"{d.dialogue_id}\x1f{p.participant_id}"
             keys[key] = (d.dialogue_id, p.participant_id)
-            texts[key] = own
+            texts[key] = mine
             seats.append(Conversation(key, p.persona_id or "", 0, d.condition, d.pairing, "",
-                                      tuple("client" for _ in own), tuple(own)))
+                                      tuple("client" for _ in mine), tuple(t or "" for t in mine)))
     if not seats:
         return {}
-    flat = [t for c in seats for t in texts[c.dialogue_id]]
+    flat = [t for c in seats for t in texts[c.dialogue_id] if t is not None]
+    if not flat:  # every seat's utterances were left out of own content
+        return {keys[c.dialogue_id]: dict.fromkeys(DRIFT_DIMENSIONS, math.nan) for c in seats}
     matrix = embed(flat)
     vectors: dict[str, FloatArray] = {}
     row = 0
     for c in seats:
-        n = len(texts[c.dialogue_id])
-        vectors[c.dialogue_id] = matrix[row : row + n]
-        row += n
+        rows = texts[c.dialogue_id]
+        kept = [t is not None for t in rows]
+        block = np.full((len(rows), matrix.shape[1]), np.nan, dtype=np.float32)
+        block[kept] = matrix[row : row + sum(kept)]
+        vectors[c.dialogue_id] = block
+        row += sum(kept)
     means = dialogue_means(cheap_drift(seats, vectors, personas, embed))
     return {keys[k]: v for k, v in means.items()}
 
@@ -653,15 +663,26 @@ def group_stage(
     conversations: Sequence[Conversation],
     personas: Mapping[str, Mapping[str, object]],
     embed: Embed,
+    own: Mapping[str, Sequence[str | None]] | None = None,
 ) -> GroupResult | None:
-    """Every group detector on the group dialogues of a run; ``None`` for a two-party run."""
+    """Every group detector on the group dialogues of a run; ``None`` for a two-party run.
+
+    ``own``: each dialogue's utterances on own content (:func:`seat_drift`), for the seat drift
+    on own content (``group_drift_<dimension>_own``)."""
     dialogues = load_group_dialogues(run_dir, conversations)
     if dialogues is None:
         return None
     drift = seat_drift(dialogues, personas, embed)
+    drift_own = seat_drift(dialogues, personas, embed, own) if own is not None else None
     rows, people, examples, pair_rows = {}, [], [], []
     for d in dialogues:
         row, seat_rows, found, pair_found = _dialogue_row(d, drift)
+        if drift_own is not None:  # each client seat on its own content, beside the raw drift
+            seats_of = [p for p in d.participants if p.role == "client"]
+            for dim in DRIFT_DIMENSIONS:
+                row[f"group_drift_{dim}_own"] = _mean([
+                    drift_own.get((d.dialogue_id, p.participant_id), {}).get(dim, math.nan)
+                    for p in seats_of])
         rows[d.dialogue_id] = {"condition": d.condition, **row}
         people += seat_rows
         examples += found

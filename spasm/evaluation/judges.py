@@ -87,9 +87,15 @@ def consistency_stage(
     concurrency: int,
     show: bool,
     qa: Mapping[tuple[str, str], Sequence[PersonaProbe]] | None = None,
+    own: Mapping[str, Conversation] | None = None,
 ) -> tuple[ConsistencyMetrics, dict[str, dict[str, float | None]], dict[str, dict[str, ConsistencyVerdict]]]:
     """Persona consistency by every judge (Q&A too when ``qa`` holds the run's persona probes,
     by dialogue).
+
+    ``own``: the conversations whose Client lines changed on own content
+    (:func:`spasm.evaluation.owncontent.own_conversations`); with it, prompt-to-line is judged
+    on them too (``consistency_prompt_to_line_own``), and every other dialogue reuses its raw
+    labels (its lines are its own).
 
     Returns the metrics, each dialogue's scores (``consistency_<measure>``, ``qa_consistency``:
     the mean of every judge's labels) and every judge's verdicts.
@@ -106,6 +112,15 @@ def consistency_stage(
             verdicts, n_fallbacks = llm.run(job, backend=b.name)
         per_judge[b.name] = verdicts
         fallbacks += n_fallbacks
+    own_judged: dict[str, dict[str, ConsistencyVerdict]] = {}
+    for b in llm.backends if own is not None else ():
+        label = "judging own content" + (f" ({b.name})" if len(llm.backends) > 1 else "")
+        changed = list((own or {}).values())
+        with _bar(len(changed), label, show) as bar:
+            job = functools.partial(judge_consistency, changed, cards, concurrency=concurrency,
+                                    on_done=bar.update, measures=("prompt_to_line",))
+            own_judged[b.name], n_fallbacks = llm.run(job, backend=b.name)
+        fallbacks += n_fallbacks
     scores: dict[str, dict[str, float | None]] = {}
     for conv in convs:
         row: dict[str, float | None] = {}
@@ -117,6 +132,11 @@ def consistency_stage(
                 for x in (getattr(v[conv.dialogue_id], measure) or [])
             ]
             row[measure_column(measure)] = sum(labels) / len(labels) if labels else None
+        if own is not None:
+            source = own_judged if conv.dialogue_id in own else per_judge
+            labels = [x for v in source.values() if conv.dialogue_id in v
+                      for x in (v[conv.dialogue_id].prompt_to_line or [])]
+            row[OWN_PROMPT_TO_LINE] = sum(labels) / len(labels) if labels else None
         scores[conv.dialogue_id] = row
     calls = sum(llm.sessions[b.name].calls(CONSISTENCY_ROLE) for b in llm.backends)
     notes = [] if qa else [
@@ -130,7 +150,7 @@ def consistency_stage(
             judges=[b.name for b in llm.backends],
             calls=calls,
             fallbacks=fallbacks,
-            stats=_stats(convs, scores, measures),
+            stats=_stats(convs, scores, measures) + (_own_stats(convs, scores) if own is not None else []),
             notes=notes,
         ),
         scores,
@@ -163,6 +183,25 @@ def _stats(
                     ci_high=finite(high),
                 )
             )
+    return out
+
+
+OWN_PROMPT_TO_LINE = "consistency_prompt_to_line_own"
+
+
+def _own_stats(convs: Sequence[Conversation], scores: Mapping[str, Mapping[str, float | None]]
+               ) -> list[ConsistencyStat]:
+    """Prompt-to-line on own content, summarised like the raw measures."""
+    groups: dict[tuple[str, str], list[Conversation]] = {}
+    for c in convs:
+        groups.setdefault((c.pairing, c.condition), []).append(c)
+    out = []
+    scopes = [(("all", "all"), list(convs)), *sorted(groups.items(), key=group_key)]
+    for (pairing, condition), members in scopes:
+        values = [v for c in members if (v := scores[c.dialogue_id].get(OWN_PROMPT_TO_LINE)) is not None]
+        mean, low, high, n = mean_ci(values)
+        out.append(ConsistencyStat(measure="prompt_to_line_own", pairing=pairing, condition=condition, n=n,
+                                   mean=finite(mean), ci_low=finite(low), ci_high=finite(high)))
     return out
 
 

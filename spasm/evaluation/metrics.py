@@ -36,6 +36,9 @@ __all__ = [
     "LanguageMetrics",
     "LanguageStat",
     "Metrics",
+    "OwnContentMetrics",
+    "OwnContentStat",
+    "OwnDrift",
     "PairedComparison",
     "PassHatK",
     "PayloadLeakExample",
@@ -112,6 +115,17 @@ class PairedComparison(_Model):
     note: str | None = None
 
 
+class OwnDrift(_Model):
+    """Drift on the Client's own content (copied spans removed; docs/evaluation.md, "Own
+    content"): the same curves, summaries and ECP-vs-CONCAT comparison as the raw drift."""
+
+    dimensions: list[str] = Field(description="the dimensions measured on own content")
+    curves: list[DriftPoint]
+    by_condition: list[ConditionSummary]
+    comparisons: list[PairedComparison]
+    notes: list[str] = Field(default_factory=list)
+
+
 class DriftMetrics(_Model):
     """Drift curves and the ECP-vs-CONCAT comparison."""
 
@@ -124,6 +138,7 @@ class DriftMetrics(_Model):
     probe_calls: int = 0
     probe_fallbacks: int = 0
     notes: list[str] = Field(default_factory=list)
+    own: OwnDrift | None = Field(None, description="the same drift on the Client's own content")
 
 
 class EchoRate(_Model):
@@ -267,7 +282,7 @@ class RealismMetrics(_Model):
 class ConsistencyStat(_Model):
     """Mean persona consistency (share of consistent Client lines) of one group's dialogues."""
 
-    measure: Literal["prompt_to_line", "line_to_line", "qa"]
+    measure: Literal["prompt_to_line", "line_to_line", "qa", "prompt_to_line_own"]
     pairing: str
     condition: str
     n: int = Field(description="dialogues with a score")
@@ -599,6 +614,29 @@ class LanguageMetrics(_Model):
     flagged: list[LanguageFlag] = Field(description="up to 20, most confident first")
 
 
+class OwnContentStat(_Model):
+    """How much of one condition's Client words were copied, and what own content kept."""
+
+    condition: str = Field(description="a condition, or 'all'")
+    dialogues: int = Field(description="dialogues whose Client side has words")
+    utterances: int = Field(description="client-side utterances (client seats in a group)")
+    with_copying: int = Field(description="utterances with at least one copied word")
+    left_out: int = Field(description="utterances left with too few words of their own")
+    copied_share: float | None = Field(description="mean per-dialogue share of Client words copied")
+    copied_share_ci_low: float | None
+    copied_share_ci_high: float | None
+
+
+class OwnContentMetrics(_Model):
+    """The own-content rule and how much it removed (docs/evaluation.md, "Own content")."""
+
+    ngram: int = Field(description="a copied span is a run of at least this many words")
+    min_words: int = Field(description="an utterance keeping fewer own words than this is left out")
+    definition: str
+    stats: list[OwnContentStat]
+    notes: list[str] = Field(default_factory=list)
+
+
 class Metrics(_Model):
     """Everything ``spasm eval`` computes for one run directory."""
 
@@ -612,6 +650,10 @@ class Metrics(_Model):
     drift: DriftMetrics
     echoing: EchoingMetrics
     separability: list[SeparabilityGroup]
+    separability_own: list[SeparabilityGroup] = Field(
+        default_factory=list, description="the same groups on the Client's own content"
+    )
+    own_content: OwnContentMetrics | None = Field(None, description="the own-content rule and counts")
     realism: RealismMetrics | None = Field(None, description="lexical diversity and diagnostics")
     consistency: ConsistencyMetrics | None = Field(None, description="persona consistency (--consistency)")
     judges: JudgeEnsemble | None = Field(None, description="per-judge results (--judge-backend)")

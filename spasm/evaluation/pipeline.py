@@ -38,6 +38,7 @@ from spasm.evaluation.compare import Comparison, compare_conditions, write_compa
 from spasm.evaluation.drift import (
     DRIFT_DIMENSIONS,
     PERSONA_DIMENSIONS,
+    UTTERANCE_DIMENSION,
     DriftSeries,
     cheap_drift,
     condition_summaries,
@@ -69,11 +70,22 @@ from spasm.evaluation.metrics import (
     DriftMetrics,
     EchoingMetrics,
     Metrics,
+    OwnDrift,
     RealismMetrics,
     SeparabilityGroup,
     SimulatorErrorMetrics,
 )
 from spasm.evaluation.onset import onset_curves, onset_turn, turn_scores
+from spasm.evaluation.owncontent import (
+    OWN_SUFFIX,
+    OwnRule,
+    own_content,
+    own_conversations,
+    own_metrics,
+    own_texts,
+    own_vectors,
+    per_turn_frame,
+)
 from spasm.evaluation.realism import realism_frame, realism_metrics, reference_from, z_scores
 from spasm.evaluation.reliability import reliability_metrics
 from spasm.evaluation.report import report_figures, write_report
@@ -98,6 +110,8 @@ PER_DIALOGUE_FILE = "per_dialogue.parquet"
 PER_PARTICIPANT_FILE = "per_participant.parquet"
 #: Group runs only: one row per (dialogue, ordered pair of participants) of pairwise echoing.
 PER_PAIR_FILE = "per_pair.parquet"
+#: One row per client-side utterance: its copied share and own content (docs/evaluation.md).
+PER_TURN_FILE = "per_turn.parquet"
 COMPARE_FILE = "compare.json"
 REPORT_FILE = "report.html"
 CACHE_DIRNAME = "embeddings-cache"
@@ -134,6 +148,9 @@ def evaluate(
     echo_threshold: float = DEFAULT_THRESHOLD,
     reference: str | Path | None = None,
     baseline: str | None = None,
+    own_ngram: int = OwnRule.ngram,
+    own_min_words: int = OwnRule.min_words,
+    own_consistency: bool = False,
     out_dir: str | Path | None = None,
     concurrency: int = 8,
     progress: bool | None = None,
@@ -166,6 +183,13 @@ def evaluate(
             dialogues the realism metrics are z-scored against.
         baseline: the condition every other one is compared with in ``compare.json``
             (default ``ecp`` when the run has it).
+        own_ngram: own content: a Client word is copied when it lies in a run of at least this
+            many words an earlier utterance of the dialogue contains (docs/evaluation.md).
+        own_min_words: own content: an utterance something was cut from is left out when it
+            keeps fewer words than this.
+        own_consistency: with ``consistency``, also judge prompt-to-line on the Client's own
+            content (one more call per dialogue whose Client copied; off by default, so the
+            judge's calls and cost stay as they were).
         out_dir: where to write metrics.json, per_dialogue.parquet, report.html and its figures.json
             (default ``RUN_DIR/eval``). The embedding cache always lives in ``RUN_DIR/eval``.
         concurrency: dialogues whose LLM calls are in flight at once (probe and judge).
@@ -192,6 +216,9 @@ def evaluate(
         raise UserError(f"Unknown retrieval {retrieval!r}; use 'card' or 'centroid'.")
     if concurrency < 1:
         raise UserError("concurrency must be at least 1.")
+    if own_ngram < 2 or own_min_words < 1:
+        raise UserError("own content needs --own-ngram of at least 2 and --own-min-words of at least 1.")
+    own_rule = OwnRule(ngram=own_ngram, min_words=own_min_words)
     show = sys.stderr.isatty() if progress is None else progress
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
@@ -222,11 +249,12 @@ def evaluate(
             _check_baseline(data, baseline)
         timings["load"] = time.perf_counter() - t_start
         with llm_cm as llm:  # on exit, the LLM calls are appended to the run's call log
-            metrics, per_dialogue, group = _evaluate(
+            metrics, per_dialogue, group, per_turn = _evaluate(
                 data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
                 retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
                 show=show, timings=timings, reference=reference, consistency=consistency,
-                ensemble=bool(judges), simulator_errors=simulator_errors,
+                ensemble=bool(judges), simulator_errors=simulator_errors, own_rule=own_rule,
+                own_consistency=own_consistency,
             )
         t0 = time.perf_counter()
         comparison = compare_conditions(per_dialogue, metrics, baseline=baseline, run_dir=data.run_dir)
@@ -239,6 +267,7 @@ def evaluate(
             atomic_write_text(out / METRICS_FILE, metrics.model_dump_json(indent=2))
             atomic_write_table(out / PER_DIALOGUE_FILE,
                                pa.Table.from_pandas(per_dialogue, preserve_index=False))
+            atomic_write_table(out / PER_TURN_FILE, pa.Table.from_pandas(per_turn, preserve_index=False))
             group_tables = {PER_PARTICIPANT_FILE: group.per_participant if group else None,
                             PER_PAIR_FILE: group.per_pair if group else None}
             for name, table in group_tables.items():
@@ -310,9 +339,11 @@ def _evaluate(
     consistency: bool = False,
     ensemble: bool = False,
     simulator_errors: bool = False,
-) -> tuple[Metrics, pd.DataFrame, GroupResult | None]:
+    own_rule: OwnRule | None = None,
+    own_consistency: bool = False,
+) -> tuple[Metrics, pd.DataFrame, GroupResult | None, pd.DataFrame]:
     """The stages, timed; see :func:`evaluate`. The third value: the group detectors' result
-    (group runs only)."""
+    (group runs only); the fourth: ``per_turn.parquet`` (own content per client utterance)."""
     convs = data.conversations
     # Drift, echoing and separability are two-party measures; group dialogues get the group
     # stage's per-seat and per-pair forms instead (docs/evaluation.md, "Group dialogues").
@@ -336,11 +367,18 @@ def _evaluate(
 
     t0 = time.perf_counter()
     personas = data.persona_rows()
-    drift, means = _drift(two_party, vectors, personas, embed, mode, llm, concurrency, show)
+    drift, means, series = _drift(two_party, vectors, personas, embed, mode, llm, concurrency, show)
     if len(two_party) < len(convs):
         drift.notes = [*(drift.notes if two_party else []),
                        two_party_note(len(convs) - len(two_party), len(two_party))]
     timings["drift"] = time.perf_counter() - t0
+
+    # Own content: every persona metric again on what the Client wrote itself (owncontent.py).
+    t0 = time.perf_counter()
+    own = own_content(convs, own_rule)
+    client_own = own_vectors(own, {c.dialogue_id: vectors.client[c.dialogue_id] for c in two_party}, embed)
+    drift.own, own_means, own_series = _own_drift(two_party, client_own, personas, embed, mode, drift)
+    timings["own_content"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     echoing, verdicts, echo_by_judge = _echoing(
@@ -350,6 +388,9 @@ def _evaluate(
 
     t0 = time.perf_counter()
     separability, pca_xy = _separability(data, personas, vectors, embed, retrieval)
+    kept_own = {did: v[np.isfinite(v).all(axis=1)] for did, v in client_own.items()}
+    separability_own, _ = _separability(
+        data, personas, _Vectors(vectors.utterances, kept_own, vectors.n_texts), embed, retrieval)
     timings["separability"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -362,7 +403,8 @@ def _evaluate(
     timings["language"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    group: GroupResult | None = group_stage(data.run_dir, convs, personas, embed)
+    group: GroupResult | None = group_stage(data.run_dir, convs, personas, embed,
+                                            own=own_texts(own, (c for c in convs if c.is_group)))
     if group is not None:
         timings["group"] = time.perf_counter() - t0
 
@@ -378,7 +420,8 @@ def _evaluate(
         t0 = time.perf_counter()
         cards = {pid: str(p.get("card") or "") for pid, p in personas.items()}
         consistency_metrics, scores, consistency_by_judge = consistency_stage(
-            llm, convs, cards, concurrency=concurrency, show=show, qa=_persona_probes(data)
+            llm, convs, cards, concurrency=concurrency, show=show, qa=_persona_probes(data),
+            own=own_conversations(own, convs) if own_consistency else None,
         )
         realism_cols = realism_cols.join(pd.DataFrame.from_dict(scores, orient="index", dtype=float))
         timings["consistency"] = time.perf_counter() - t0
@@ -414,6 +457,8 @@ def _evaluate(
         drift=drift,
         echoing=echoing,
         separability=separability,
+        separability_own=separability_own,
+        own_content=own_metrics(own, convs),
         realism=realism,
         consistency=consistency_metrics,
         judges=ensemble_metrics,
@@ -427,11 +472,14 @@ def _evaluate(
         timings={},
     )
     frame = _per_dialogue(convs, means, verdicts, pca_xy, realism_cols, echo_threshold)
+    if "dialogue_id" in frame:  # a run without an ok dialogue has an empty frame
+        frame = frame.join(_own_columns(convs, own_means), on="dialogue_id")
+    per_turn = per_turn_frame(own, convs, series, own_series)
     if group is None:
-        return metrics, frame, None
+        return metrics, frame, None, per_turn
     # Group runs: the group_* columns (and persona_set, the pairing key of group twins).
     frame = frame.join(group.per_dialogue, on="dialogue_id")
-    return metrics, frame, group
+    return metrics, frame, group, per_turn
 
 
 def _embed_utterances(convs: list[Conversation], embed: Embed) -> _Vectors:
@@ -457,7 +505,7 @@ def _drift(
     llm: EvalLLM | None,
     concurrency: int,
     show: bool,
-) -> tuple[DriftMetrics, dict[str, dict[str, float]]]:
+) -> tuple[DriftMetrics, dict[str, dict[str, float]], DriftSeries]:
     probe_calls = probe_fallbacks = 0
     n_client = sum(len(v) for v in vectors.client.values())
     if mode == "cheap":
@@ -510,7 +558,50 @@ def _drift(
         probe_fallbacks=probe_fallbacks,
         notes=notes,
     )
-    return drift, means
+    return drift, means, series
+
+
+def _own_drift(
+    convs: list[Conversation],
+    client_own: dict[str, FloatArray],
+    personas: dict[str, dict[str, object]],
+    embed: Embed,
+    mode: Literal["cheap", "probe"],
+    raw: DriftMetrics,
+) -> tuple[OwnDrift, dict[str, dict[str, float]], DriftSeries]:
+    """Cheap drift on the Client's own content (left-out utterances are NaN rows, so their
+    turns are missing); in probe mode the utterance dimension only (the probe reads the
+    transcript, not one utterance)."""
+    series = cheap_drift(convs, client_own, personas, embed)
+    notes: list[str] = []
+    if mode == "probe":
+        series = {did: {UTTERANCE_DIMENSION: dims[UTTERANCE_DIMENSION]} for did, dims in series.items()}
+        notes.append("Probe mode: own content is measured on the utterance dimension only (the probe "
+                     "states a stance from the whole transcript, which copying is part of).")
+    means = dialogue_means(series)
+    lost = sum(1 for c in convs if c.dialogue_id in series
+               and not np.isfinite(series[c.dialogue_id][UTTERANCE_DIMENSION]).any())
+    if lost:
+        notes.append(f"{lost} dialogue(s) have no utterance drift on own content: the Client's "
+                     "opening was left out (too few words of its own).")
+    dims = [UTTERANCE_DIMENSION] if mode == "probe" else list(raw.dimensions)
+    return OwnDrift(
+        dimensions=dims,
+        curves=drift_curves(series, convs),
+        by_condition=condition_summaries(means, convs),
+        comparisons=paired_comparisons(means, convs) if raw.comparisons else [],
+        notes=notes,
+    ), means, series
+
+
+def _own_columns(convs: list[Conversation], own_means: Mapping[str, Mapping[str, float]]) -> pd.DataFrame:
+    """``drift_<dimension>_own`` per dialogue (NaN for a group dialogue: its seats have
+    ``group_drift_<dimension>_own``)."""
+    dims = DRIFT_DIMENSIONS
+    rows = {c.dialogue_id: {f"drift_{d}{OWN_SUFFIX}": own_means.get(c.dialogue_id, {}).get(d, math.nan)
+                            for d in dims} for c in convs}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=[f"drift_{d}{OWN_SUFFIX}" for d in dims],
+                                  dtype=float)
 
 
 def _echoing(

@@ -32,7 +32,7 @@ from matplotlib.ticker import MaxNLocator
 
 from spasm.dataset.files import atomic_write_text
 from spasm.evaluation.figures import ReportFigure
-from spasm.evaluation.metrics import Metrics
+from spasm.evaluation.metrics import ConditionSummary, Metrics, PairedComparison, SeparabilityGroup
 from spasm.evaluation.report_agents import outcomes_html
 from spasm.evaluation.report_group import (
     GROUP_ONLY,
@@ -55,10 +55,22 @@ def _group_label(pairing: str, condition: str) -> str:
     return f"{pairing} · {condition.upper()}"
 
 
+def _own_curves_differ(metrics: Metrics) -> bool:
+    """Whether the own-content drift curves differ from the raw ones anywhere (they are
+    equal, and not drawn, when the run has no copying)."""
+    own = metrics.drift.own
+    if own is None:
+        return False
+    raw = {(p.dimension, p.condition, p.turn): p.mean for p in metrics.drift.curves}
+    return any(raw.get((p.dimension, p.condition, p.turn)) != p.mean for p in own.curves)
+
+
 def figure_drift(metrics: Metrics) -> Figure:
-    """Mean drift per client turn, one panel per dimension, one line per condition."""
+    """Mean drift per client turn, one panel per dimension, one line per condition; dashed, the
+    same on the Client's own content when copying was removed anywhere."""
     dims = metrics.drift.dimensions
     points = metrics.drift.curves
+    own_points = metrics.drift.own.curves if metrics.drift.own and _own_curves_differ(metrics) else []
     if not dims or not points:
         return _empty("No drift curve: no dialogue has a Client turn.")
     cols = 2 if len(dims) > 1 else 1
@@ -87,6 +99,11 @@ def figure_drift(metrics: Metrics) -> Figure:
                 alpha=0.18,
                 linewidth=0,
             )
+            own = sorted((p for p in own_points if p.dimension == dim and p.condition == cond
+                          and p.mean is not None), key=lambda p: p.turn)
+            if own:
+                ax.plot([p.turn for p in own], [p.mean for p in own], linestyle="--", marker="x", ms=3,
+                        color=colour, label=f"{cond.upper()} own content")
         ax.set_title(f"{dim}  ({metrics.drift.mode})")
         ax.set_xlabel("Client turn t")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -324,6 +341,7 @@ blockquote{margin:.2rem 0 .2rem 1rem;color:#333;font-size:.88rem}
 
 
 _DRIFT_CAPTION = "Drift by Client turn per condition (cf. SPASM Fig. 2). Shaded: 95% CI."
+_DRIFT_OWN_CAPTION = " Dashed: the same on the Client's own content (copied spans removed)."
 _MAP_CAPTION = "Conversation embeddings (Client side) in 2-D, coloured by persona (cf. SPASM Fig. 3)."
 _ACC_CAPTION = "Persona retrieval Acc@K per pairing × condition; dashed: random baseline (cf. SPASM Fig. 4)."
 _ECHO_CAPTION = "Share of conversations in which one side mirrored the other (cf. SPASM Table 4)."
@@ -354,7 +372,9 @@ def report_figures(
 
     return [
         *figures,
-        ReportFigure.from_png("drift", _DRIFT_CAPTION, _png(blank() if only else figure_drift(metrics))),
+        ReportFigure.from_png("drift", _DRIFT_CAPTION + (_DRIFT_OWN_CAPTION if _own_curves_differ(metrics)
+                                                          else ""),
+                              _png(blank() if only else figure_drift(metrics))),
         ReportFigure.from_png("map", _MAP_CAPTION,
                               _png(blank() if only else figure_map(metrics, per_dialogue))),
         ReportFigure.from_png("acc", _ACC_CAPTION, _png(blank() if only else figure_acc(metrics))),
@@ -478,11 +498,13 @@ def _onset_html(metrics: Metrics) -> str:
 def _contrasts_html(comparison: Comparison | None) -> str:
     if comparison is None:
         return "<p>No comparison.</p>"
+    own = comparison.copying is not None  # the run has own-content metrics beside the raw ones
     rows = [
         [
             c.metric, f"{c.baseline} − {c.condition}", c.pairing, c.n_pairs, c.delta,
             _ci(c.delta_ci_low, c.delta_ci_high), c.effect_size, _ci(c.effect_ci_low, c.effect_ci_high),
             c.p_ttest, c.p_holm, "yes" if c.significant else "", c.note or "",
+            *(["explained by copying" if c.explained_by_copying else ""] if own else []),
         ]
         for c in comparison.contrasts
     ]
@@ -490,16 +512,115 @@ def _contrasts_html(comparison: Comparison | None) -> str:
     table = (
         _table(
             ["metric", "contrast", "pairing", "pairs", "Δ", "95% CI", "d_z", "d_z 95% CI", "p (t)",
-             "p (Holm)", "Holm p < 0.05", "note"],
+             "p (Holm)", "Holm p < 0.05", "note", *(["own content"] if own else [])],
             rows,
         )
         if rows
         else ""
     )
+    if own:
+        table = f"<p><b>{html.escape(comparison.copying or '')}</b></p>" + table
     return (
         f"<p class='meta'>Paired on {html.escape(', '.join(comparison.pair_key))}; "
         f"Holm correction across the metrics of each contrast and pairing. Also in compare.json.</p>"
         f"{table}<ul class='notes'>{notes}</ul>"
+    )
+
+
+def _drift_table(comparisons: Sequence[PairedComparison]) -> str:
+    rows = [
+        [
+            p.dimension,
+            p.pairing,
+            p.n_pairs,
+            p.mean_ecp,
+            p.mean_concat,
+            p.delta,
+            _ci(p.delta_ci_low, p.delta_ci_high),
+            p.cohen_d,
+            p.p_ttest,
+            p.p_wilcoxon,
+            p.note or "",
+        ]
+        for p in comparisons
+    ]
+    if not rows:
+        return "<p>No ECP/CONCAT pairs in this run.</p>"
+    return _table(
+        ["dimension", "pairing", "pairs", "ECP", "CONCAT", "ΔDrift", "95% CI", "Cohen's d", "p (t)",
+         "p (Wilcoxon)", "note"],
+        rows,
+    )
+
+
+def _by_condition_table(summaries: Sequence[ConditionSummary]) -> str:
+    return _table(
+        ["dimension", "condition", "dialogues", "mean drift (t ≥ 1)", "95% CI"],
+        [[s.dimension, s.condition, s.n_dialogues, s.mean, _ci(s.ci_low, s.ci_high)] for s in summaries],
+    )
+
+
+def _separability_table(groups: Sequence[SeparabilityGroup]) -> str:
+    sep = _table(
+        [
+            "pairing",
+            "condition",
+            "conversations",
+            "personas",
+            "silhouette",
+            "DBI",
+            "intra (mean ± sd)",
+            "Acc@1",
+            "Acc@5",
+            "Acc@10",
+            "random@1",
+        ],
+        [
+            [
+                g.pairing,
+                g.condition,
+                g.n_conversations,
+                g.n_personas,
+                g.silhouette,
+                g.davies_bouldin,
+                "—" if g.intra_mean is None else f"{g.intra_mean:.3f} ± {g.intra_sd or 0:.3f}",
+                g.acc_at_k[0],
+                g.acc_at_k[4] if len(g.acc_at_k) > 4 else None,
+                g.acc_at_k[-1],
+                g.random_at_k[0],
+            ]
+            for g in groups
+        ],
+    )
+    # Notes go under the table: as a column they squeeze every other one.
+    sep_notes = [f"{g.pairing} · {g.condition.upper()}: {g.note}" for g in groups if g.note]
+    if sep_notes:
+        sep += "<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in sep_notes) + "</ul>"
+    return sep
+
+
+def _own_html(m: Metrics, comparison: Comparison | None) -> str:
+    """Drift on the Client's own content: the rule, how much it removed, the same tables as the
+    raw drift, and the sentence saying which differences vanish once copying is removed."""
+    oc, own = m.own_content, m.drift.own
+    if oc is None or own is None:
+        return ""
+    counts = _table(
+        ["condition", "dialogues", "Client utterances", "with copying", "left out",
+         "copied share of Client words", "95% CI"],
+        [[s.condition, s.dialogues, s.utterances, s.with_copying, s.left_out, s.copied_share,
+          _ci(s.copied_share_ci_low, s.copied_share_ci_high)] for s in oc.stats],
+    )
+    sentence = (f"<p><b>{html.escape(comparison.copying)}</b></p>"
+                if comparison is not None and comparison.copying else "")
+    notes = [*own.notes, *oc.notes]
+    notes_html = ("<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"
+                  if notes else "")
+    return (
+        "<h3>On the Client's own content (copied spans removed)</h3>"
+        f"<p class='meta'>{html.escape(oc.definition)}. Per-utterance values: per_turn.parquet.</p>"
+        f"{counts}{sentence}<h4>ECP vs CONCAT on own content</h4>{_drift_table(own.comparisons)}"
+        f"<h4>By condition, on own content</h4>{_by_condition_table(own.by_condition)}{notes_html}"
     )
 
 
@@ -546,84 +667,16 @@ def render_report(
     refs = "".join(
         f"<li><b>{html.escape(d)}</b>: {html.escape(r)}</li>" for d, r in m.drift.references.items()
     )
-    comp_rows = [
-        [
-            p.dimension,
-            p.pairing,
-            p.n_pairs,
-            p.mean_ecp,
-            p.mean_concat,
-            p.delta,
-            _ci(p.delta_ci_low, p.delta_ci_high),
-            p.cohen_d,
-            p.p_ttest,
-            p.p_wilcoxon,
-            p.note or "",
-        ]
-        for p in m.drift.comparisons
-    ]
-    drift_table = (
-        _table(
-            [
-                "dimension",
-                "pairing",
-                "pairs",
-                "ECP",
-                "CONCAT",
-                "ΔDrift",
-                "95% CI",
-                "Cohen's d",
-                "p (t)",
-                "p (Wilcoxon)",
-                "note",
-            ],
-            comp_rows,
-        )
-        if comp_rows
-        else "<p>No ECP/CONCAT pairs in this run.</p>"
+    drift_table = _drift_table(m.drift.comparisons)
+    by_cond = _by_condition_table(m.drift.by_condition)
+    sep = _separability_table(m.separability)
+    own_html = _own_html(m, comparison)
+    own_sep = (
+        "<h3>On the Client's own content</h3>" + _separability_table(m.separability_own)
+        if m.separability_own
+        else ""
     )
-    by_cond = _table(
-        ["dimension", "condition", "dialogues", "mean drift (t ≥ 1)", "95% CI"],
-        [
-            [s.dimension, s.condition, s.n_dialogues, s.mean, _ci(s.ci_low, s.ci_high)]
-            for s in m.drift.by_condition
-        ],
-    )
-    sep = _table(
-        [
-            "pairing",
-            "condition",
-            "conversations",
-            "personas",
-            "silhouette",
-            "DBI",
-            "intra (mean ± sd)",
-            "Acc@1",
-            "Acc@5",
-            "Acc@10",
-            "random@1",
-        ],
-        [
-            [
-                g.pairing,
-                g.condition,
-                g.n_conversations,
-                g.n_personas,
-                g.silhouette,
-                g.davies_bouldin,
-                "—" if g.intra_mean is None else f"{g.intra_mean:.3f} ± {g.intra_sd or 0:.3f}",
-                g.acc_at_k[0],
-                g.acc_at_k[4] if len(g.acc_at_k) > 4 else None,
-                g.acc_at_k[-1],
-                g.random_at_k[0],
-            ]
-            for g in m.separability
-        ],
-    )
-    # Notes go under the table: as a column they squeeze every other one.
-    sep_notes = [f"{g.pairing} · {g.condition.upper()}: {g.note}" for g in m.separability if g.note]
-    if sep_notes:
-        sep += "<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in sep_notes) + "</ul>"
+
     echo = _table(
         [
             "pairing",
@@ -702,10 +755,12 @@ def render_report(
 <h3>ECP vs CONCAT (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{drift_table}
 <h3>By condition</h3>{by_cond}
 {notes_html}
+{own_html}
 <h2>Persona separability</h2>{pointer}
 {fig("map")}
 {fig("acc")}
 {sep}
+{own_sep}
 <h2>Echoing</h2>{pointer}
 {fig("echo")}
 {echo}
