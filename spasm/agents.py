@@ -19,13 +19,16 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
-from spasm.backends.base import ChatRequest, Completion, Message
-from spasm.history import History, Speaker
+from spasm.backends.base import ChatRequest, Completion, Message, ToolCall
+from spasm.backends.structured import prompted_step_model, prompted_tool_messages
+from spasm.history import Event, History, Speaker
 from spasm.language import language_name
 from spasm.projection import Viewer, name_list, project
+from spasm.seeds import derive_seed
 from spasm.session import DialogueSession
+from spasm.tools import Tool, ToolBelt, tool_specs
 
 END_MARKER = "<END>"
 
@@ -188,6 +191,9 @@ class Turn:
     #: Whether ``messages`` can be recomputed from the history by projection (level A); when
     #: not, they depend on model calls and are stored with the turn.
     reproducible: bool = True
+    #: What the agent did before it spoke: its tool calls, their results and notices, in
+    #: order (a run with tools; ``messages`` is then the frame after all of them).
+    events: tuple[Event, ...] = ()
 
     def stored_messages(self) -> str | None:
         """The messages as stored in ``turns.messages``: JSON unless they are reproducible."""
@@ -254,6 +260,10 @@ class PlainAgent:
     viewer: Viewer
     temperature: float
     max_tokens: int
+    #: How a tool step is asked (a run with tools): ``native`` sends the tools and reads the
+    #: reply's ``tool_calls``; ``prompted`` describes them in the frame and asks through the
+    #: structured-output path for a message or calls (servers without tools, the embedded model).
+    tool_mode: Literal["native", "prompted"] = "native"
 
     @property
     def system_prompt(self) -> str:
@@ -295,7 +305,12 @@ class PlainAgent:
         """Nothing to prepare."""
 
     async def turn(self, history: History, session: DialogueSession) -> Turn:
-        """Generate the next utterance from the agent's own projected context."""
+        """Generate the next utterance from the agent's own projected context (in a run with
+        tools, after the tool steps it takes: :meth:`acting_turn`)."""
+        belt = session.belt
+        offered = belt.offered(self.speaker) if belt is not None else []
+        if belt is not None and offered:
+            return await self.acting_turn(history, session, belt, offered)
         messages = self.messages(history, session.condition)
         d = await self.draft(messages, session, session.turn_seed(len(history), self.speaker),
                              turn_index=len(history))
@@ -307,3 +322,72 @@ class PlainAgent:
     def next_prompt(self, history: History, session: DialogueSession) -> NextPrompt:
         """The projection of the whole history, as at a next turn."""
         return NextPrompt(self.messages(history, session.condition))
+
+    async def acting_turn(self, history: History, session: DialogueSession, belt: ToolBelt,
+                          offered: list[Tool]) -> Turn:
+        """A turn that may act: up to ``belt.max_steps`` tool steps (each a call whose reply
+        asks for tools, which run and whose results the next step sees), then the utterance.
+        After the last step the agent is asked without tools, so every turn ends in words."""
+        index = len(history)
+        first = session.turn_seed(index, self.speaker)
+        specs = tool_specs(offered)
+        events: list[Event] = []
+        cacheable = 0.0
+        for step in range(belt.max_steps + 1):
+            frame = self.messages(history.with_events(events), session.condition)
+            seed = first if step == 0 else derive_seed(first, "step", step)
+            last = step == belt.max_steps
+            cacheable += session.prefix.observe(frame)
+            calls, text, completion = await self._step(frame, session, seed, index,
+                                                       None if last else specs, belt)
+            if calls:
+                named = [ToolCall(c.id or f"call_{index}_{step}_{i}", c.name, c.arguments)
+                         for i, c in enumerate(calls)]
+                events.extend(await belt.run(self.speaker, index, named))
+                continue
+            belt.capped += int(last and step > 0)
+            return Turn(speaker=self.speaker, text=text, completion=completion, messages=frame,
+                        cached_prompt_tokens=round(cacheable * completion.prompt_tokens),
+                        events=tuple(events))
+        raise AssertionError("unreachable: the last step offers no tools")
+
+    async def _step(
+        self, frame: list[Message], session: DialogueSession, seed: int, index: int,
+        specs: tuple[dict[str, Any], ...] | None, belt: ToolBelt,
+    ) -> tuple[tuple[ToolCall, ...], str, Completion]:
+        """One call of a tool step: the calls it asks for, or the utterance it writes."""
+        if self.tool_mode == "native" or specs is None:
+            messages = frame if self.tool_mode == "native" else prompted_tool_messages(frame, ())
+            request = ChatRequest(
+                messages=tuple(messages), temperature=self.temperature,
+                max_tokens=self.max_tokens, seed=seed,
+                stream_key=f"{session.scope.dialogue_id}:{self.speaker}",
+                context=session.context(self.speaker, index), tools=specs,
+            )
+            completion = await session.complete(self.speaker, self.backend, request)
+            if completion.tool_calls and specs is not None:
+                return completion.tool_calls, "", completion
+            return (), self._clean(completion), completion
+        names = tuple(t["function"]["name"] for t in specs)
+        result = await session.caller.structured(
+            self.speaker, self.backend, prompted_tool_messages(frame, specs),
+            prompted_step_model(names), session.scope, temperature=self.temperature,
+            max_tokens=self.max_tokens, seed=seed)
+        assert result.last is not None
+        completion = replace(result.last, prompt_tokens=result.prompt_tokens,
+                             completion_tokens=result.completion_tokens)
+        step = result.value
+        if step is None:  # no ask parsed: the turn writes plain text instead (counted)
+            belt.fallbacks += 1
+            return await self._step(frame, session, derive_seed(seed, "fallback"), index, None,
+                                    belt)
+        if step.tool_calls:
+            return tuple(ToolCall("", c.name, json.dumps(c.arguments, ensure_ascii=False))
+                         for c in step.tool_calls), "", completion
+        return (), self._clean(replace(completion, text=step.message or "")), completion
+
+    def _clean(self, completion: Completion) -> str:
+        text = clean_reply(completion.text, completion.finish_reason == "length")
+        if self.viewer.group is not None:
+            text = strip_own_label(text, self.speaker)
+        return text or completion.text.strip()

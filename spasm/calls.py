@@ -46,7 +46,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from spasm.backends.base import Backend, ChatRequest, Completion, Message
+from spasm.backends.base import Backend, ChatRequest, Completion, Message, ToolCall
 from spasm.backends.structured import extract_json
 from spasm.config import BackendConfig
 from spasm.dataset.columns import dump_params
@@ -117,7 +117,9 @@ class Cache:
         if row is None:
             return None
         try:
-            return Completion(**json.loads(row[0]))
+            data = json.loads(row[0])
+            calls = tuple(ToolCall(*c) for c in data.pop("tool_calls", ()))
+            return Completion(**data, tool_calls=calls)
         except (TypeError, ValueError):
             return None
 
@@ -130,6 +132,9 @@ class Cache:
                 "resolved_model": completion.resolved_model,
                 "finish_reason": completion.finish_reason,
                 "latency_s": completion.latency_s,
+                # Only a reply that calls tools has the key: other entries are as they were.
+                **({"tool_calls": [[c.id, c.name, c.arguments] for c in completion.tool_calls]}
+                   if completion.tool_calls else {}),
             }
         )
         with self._lock:
@@ -366,7 +371,7 @@ class Caller:
                 async with limits.slots:
                     step = await limits.admit(estimate)
                     completion = await backend.complete(attempt_request)
-                if not completion.text.strip():
+                if not completion.text.strip() and not completion.tool_calls:
                     raise EmptyCompletionError(f"empty completion from {backend_name}")
             except StructuredOutputRejectedError as exc:
                 self._record(

@@ -115,6 +115,12 @@ class BackendConfig(_Strict):
     #: ``path/to/file.py:function`` (a relative path is read from the working directory);
     #: called as ``fn(messages, context)`` (:mod:`spasm.backends.python`).
     target: str | None = None
+    #: A run with tools: how a tool step is asked. ``native`` sends ``tools`` and reads the
+    #: reply's ``tool_calls`` (OpenAI, vLLM, SGLang, a ``python`` function); ``prompted``
+    #: describes the tools in the frame and asks through the structured-output path for a
+    #: message or calls (a server without native tools); ``auto``: prompted for the embedded
+    #: model, native otherwise.
+    tool_mode: Literal["auto", "native", "prompted"] = "auto"
     #: ``python`` only: the function's reply depends on the messages and the seed alone, so a
     #: rerun may replay it from the cache. Off by default: replies of code are not cached.
     deterministic: bool = False
@@ -276,6 +282,9 @@ class DialogueConfig(_Strict):
     responder_role: str = "customer-service agent"
     responder_instructions: str | None = None
     max_tokens: int = Field(200, ge=8, description="cap on each generated utterance")
+    #: A run with tools: tool steps an agent may take within one turn before it must write
+    #: its utterance (each step is a call; the last step offers no tools).
+    max_tool_steps: int = Field(8, ge=0, le=64)
 
 
 class EngineConfig(_Strict):
@@ -456,6 +465,23 @@ class RunConfig(_Strict):
     #: The dataset's license for export cards (a Hub id such as ``cc-by-4.0``); not part of
     #: what determines the data, so changing it never blocks a resume.
     license: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9.+_-]+$")
+    #: Agents that act (docs/tools.md): the modules that define tools (``.py`` files, importable
+    #: modules, or names a plugin registers); scenarios give each dialogue its ``world``.
+    tools: list[str] = []
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> RunConfig:
+        if not self.tools:
+            return self
+        if any(not t.strip() for t in self.tools) or len(set(self.tools)) != len(self.tools):
+            raise ValueError("tools: each entry names a .py file, a module or a plugin's tool, "
+                             "once")
+        levels = {self.harness.client, self.harness.responder, *(self.harness.levels or []),
+                  *(s.level for s in self.participants or ())}
+        if levels != {"A"}:
+            raise ValueError("tools run at harness level A (the plain agents); remove the harness "
+                             "levels from this run with tools")
+        return self
 
     @field_validator("conditions")
     @classmethod
@@ -722,6 +748,9 @@ _ADDED_LATER: tuple[tuple[str, str, tuple[Any, ...], tuple[str, ...]], ...] = (
     ("backends.*", "operator", (None,), ("operator",)),
     ("backends.*", "interface", (None,), ("interface",)),
     ("personas", "ids", (None,), ("ids",)),
+    ("", "tools", ([],), ("tools",)),
+    ("dialogue", "max_tool_steps", (8,), ("max_tool_steps",)),
+    ("backends.*", "tool_mode", ("auto",), ("tool_mode",)),
 )
 
 def data_path(kind: Literal["schemas", "configs"], name: str) -> Path:

@@ -24,6 +24,7 @@ import anyio
 import anyio.to_thread
 from tqdm import tqdm
 
+from spasm.acting import check_tools
 from spasm.backends import Backend
 from spasm.calls import Cache, Caller, CallScope
 from spasm.config import RunConfig, config_differences
@@ -68,6 +69,8 @@ FLUSH_AFTER_S = 10.0
 TABLES = ("personas", "persona_rejections", "dialogues", "turns", "calls", "errors")
 #: And in a group run (``participants:``), who took part in each dialogue.
 GROUP_TABLES = (*TABLES, "participants")
+#: And in a run with tools (``tools:``), each dialogue's events and world states.
+TOOL_TABLES = ("events", "worlds")
 
 
 def _prune_resolved_errors(store: RunStore) -> None:
@@ -116,6 +119,8 @@ class Engine:
         self.store = RunStore(self.run_dir)
         if config.scenarios is not None:  # its dialogues table has the scenario columns
             self.store.declare_scenarios()
+        if config.tools:  # its dialogues table has the reward columns (after the scenario's)
+            self.store.declare_tools()
         if config.participants is not None:  # its turns have the group columns
             self.store.declare_group()
         if config.trials > 1:  # its dialogues table has the trial column, last
@@ -123,7 +128,8 @@ class Engine:
         if has_people(config):  # a seat a person takes: the human-seat columns (1.10)
             self.store.declare_humans()
         #: The tables this run has when it is finished.
-        self.tables = GROUP_TABLES if config.participants is not None else TABLES
+        self.tables = (*(GROUP_TABLES if config.participants is not None else TABLES),
+                       *(TOOL_TABLES if config.tools else ()))
         self._started = ""
         #: Digest of the persona schema the run's personas were drawn from (config.json).
         self._persona_schema: str | None = None
@@ -412,6 +418,8 @@ class Engine:
         if self.config.participants is None:  # a group plan needs the drawn personas
             for _ in plan(self.config, [{"persona_id": "p"}]):
                 pass
+        # A run with tools: its tools, worlds and reference actions, checked before any call.
+        await check_tools(self.config, run_scenarios(self.config))
         backends = self._backends if self._backends is not None else make_backends(self.config)
         try:
             for b in backends.values():
@@ -581,6 +589,7 @@ class Engine:
         nothing is wasted) and calibrate on them; finished dialogues of an earlier pass are used
         too. With neither, the estimate is an upper bound and nothing is written.
         """
+        await check_tools(self.config, run_scenarios(self.config))  # a run with tools
         if pilot > 0:
             personas = (await self._dry_personas()).accepted
             specs = list(plan(self.config, personas, self.shard))
@@ -733,6 +742,9 @@ class _Scheduler:
             participants = [p for r in batch for p in r.participants]
             if participants:  # group runs only: other runs have no such table
                 tables["participants"] = participants
+            if self.engine.config.tools:  # runs with tools only: the others have no such tables
+                tables["events"] = [e for r in batch for e in r.events]
+                tables["worlds"] = [w for r in batch for w in r.worlds]
             name = f"{self.batch_no:06d}-{datetime.now(UTC).strftime('%H%M%S%f')}"
             engine = self.engine
             await anyio.to_thread.run_sync(engine.store.write_batch, name, tables)

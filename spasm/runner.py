@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from spasm.acting import Reward, belt_for, gold_world, reward, tool_rows
 from spasm.agents import (
     PlainAgent,
     TurnAgent,
@@ -27,12 +29,15 @@ from spasm.agents import (
 from spasm.calls import Caller
 from spasm.config import PairingConfig, ParticipantConfig, RunConfig
 from spasm.dataset.rows import (
+    ActionDialogueRow,
     CallRow,
     DialogueRow,
     ErrorRow,
+    EventRow,
     ParticipantRow,
     ScenarioDialogueRow,
     TurnRow,
+    WorldRow,
     with_trial_column,
 )
 from spasm.errors import BudgetExceededError, RunError
@@ -107,6 +112,9 @@ class DialogueResult:
     error: ErrorRow | None = None
     #: A group dialogue's participants (the ``participants`` table).
     participants: list[ParticipantRow] = field(default_factory=list)
+    #: A run with tools: the dialogue's events and its world's states.
+    events: list[EventRow] = field(default_factory=list)
+    worlds: list[WorldRow] = field(default_factory=list)
 
 
 def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, TurnAgent]:
@@ -124,7 +132,7 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
             viewer=Viewer("client", client_system_prompt(card, d.responder_role, language),
                           responder_role=d.responder_role),
             temperature=config.backends[spec.pairing.client].temperatures.client,
-            max_tokens=d.max_tokens,
+            max_tokens=d.max_tokens, tool_mode=tool_mode(config, spec.pairing.client),
         ),
         PlainAgent(
             speaker="responder",
@@ -134,11 +142,24 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
                 responder_role=d.responder_role,
             ),
             temperature=config.backends[spec.pairing.responder].temperatures.responder,
-            max_tokens=d.max_tokens,
+            max_tokens=d.max_tokens, tool_mode=tool_mode(config, spec.pairing.responder),
         ),
     )
     client, responder = harness_agents(plain, spec.levels, config, (spec.persona, spec.persona))
     return client, responder
+
+
+#: Backend kinds whose tool steps are prompted under ``tool_mode: auto`` (no native tools).
+PROMPTED_KINDS = frozenset({"embedded"})
+
+
+def tool_mode(config: RunConfig, backend: str) -> Literal["native", "prompted"]:
+    """How ``backend`` is asked for a tool step (``backends.*.tool_mode``; ``auto``: prompted
+    for the embedded model, native otherwise)."""
+    cfg = config.backends[backend]
+    if cfg.tool_mode == "auto":
+        return "prompted" if cfg.kind in PROMPTED_KINDS else "native"
+    return cfg.tool_mode
 
 
 def build_chain(
@@ -214,15 +235,20 @@ async def settle(
     return result, verdict
 
 
-def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None) -> DialogueRow:
+def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None,
+              acted: Reward | None = None) -> DialogueRow:
     """The dialogue's row with its scenario and the goal judge's verdict (a run with
-    scenarios), then its trial (a run with trials), else the row as it is."""
-    if spec.scenario is not None:
-        row = ScenarioDialogueRow(
-            **row.as_record(), scenario_id=spec.scenario.id,
-            goal_met=None if verdict is None else verdict.goal_met,
-            goal_reason=None if verdict is None else verdict.reason,
-        )
+    scenarios) and its reward (a run with tools: ``acted``), then its trial (a run with
+    trials), else the row as it is."""
+    if spec.scenario is not None or acted is not None:
+        goal = {"scenario_id": spec.scenario.id if spec.scenario is not None else None,
+                "goal_met": None if verdict is None else verdict.goal_met,
+                "goal_reason": None if verdict is None else verdict.reason}
+        if acted is None:
+            row = ScenarioDialogueRow(**row.as_record(), **goal)
+        else:
+            row = ActionDialogueRow(**row.as_record(), **goal, reward=acted.reward,
+                                    world_match=acted.world_match, reward_detail=acted.detail)
     if spec.trial is not None:
         fields: dict[str, Any] = {**row.as_record(), "trial": spec.trial}
         row = with_trial_column(type(row))(**fields)
@@ -235,7 +261,22 @@ def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> Dialo
         caller, spec.dialogue_id, spec.persona["persona_id"], spec.condition, spec.seed,
         estimate_cache=config.harness.active or any(lv != "A" for lv in spec.levels),
         scenario_id=spec.scenario.id if spec.scenario is not None else None,
+        belt=belt_for(config, spec.scenario),
     )
+
+
+async def acted(spec: DialogueSpec, session: DialogueSession, convo: Conversation,
+                result: DialogueResult, verdict: GoalVerdict | None,
+                responders: Sequence[str]) -> Reward | None:
+    """A run with tools: the dialogue's events and worlds rows into ``result``, and its reward
+    (``None`` in a run without tools)."""
+    belt = session.belt
+    if belt is None:
+        return None
+    gold = await gold_world(belt.tools, spec.scenario) if spec.scenario is not None else None
+    result.events, result.worlds = tool_rows(spec.dialogue_id, convo.history, belt, gold)
+    return reward(spec.scenario, convo.history, belt, gold,
+                  None if verdict is None else verdict.goal_met, responders)
 
 
 async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueResult:
@@ -256,8 +297,10 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
     )
     result, verdict = await settle(spec, config, caller, convo, session, goal)
     if result.error is None:
+        rewarded = await acted(spec, session, convo, result, verdict, ("responder",))
         result.dialogue = with_goal(
-            _dialogue_row(spec, config, agents, convo, session.scope.records), spec, verdict)
+            _dialogue_row(spec, config, agents, convo, session.scope.records), spec, verdict,
+            rewarded)
     if has_people(config):  # a person in a seat: the seats' kinds, the typing (1.10)
         await record_people(result, config, caller, spec.dialogue_id, spec.pairing,
                             {"client": spec.pairing.client, "responder": spec.pairing.responder},
@@ -373,7 +416,8 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
         viewer = group_viewer(p.id, prompt, ids, responder_role=group_role(spec, config),
                               speaker_names=seat_speaker_names(config, p))
         out.append(PlainAgent(speaker=p.id, backend=p.backend, viewer=viewer,
-                              temperature=temperature, max_tokens=d.max_tokens))
+                              temperature=temperature, max_tokens=d.max_tokens,
+                              tool_mode=tool_mode(config, p.backend)))
     return out
 
 
@@ -456,8 +500,11 @@ def _group_rows(result: DialogueResult, spec: GroupSpec, config: RunConfig,
     helper = next(a for a, s in zip(agents, spec.seats, strict=True)
                   if s.participant.role == "responder")
     row = _dialogue_row(spec, config, (client, helper), convo, session.scope.records)
+    rewarded = await acted(spec, session, convo, result, verdict,
+                           [s.participant.id for s in spec.seats if s.participant.role == "responder"])
     result.dialogue = with_goal(
-        DialogueRow(**{**row.as_record(), "responder_role": group_role(spec, config)}), spec, verdict)
+        DialogueRow(**{**row.as_record(), "responder_role": group_role(spec, config)}), spec,
+        verdict, rewarded)
     result.participants = [
         ParticipantRow(
             dialogue_id=spec.dialogue_id, position=i, participant_id=s.participant.id,

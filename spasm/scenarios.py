@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from spasm.config import RunConfig, read_user_text
 from spasm.errors import ConfigError
@@ -48,6 +48,20 @@ __all__ = [
 SCENARIO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+class Success(BaseModel):
+    """A scenario's ``success:`` parts (τ²-bench's reward): ``world`` (the final world's hash
+    equals the gold world's), ``actions`` (every reference call was made, with its arguments),
+    ``must_say`` (strings the Responder must say, case ignored), ``judge`` (the goal judge's
+    verdict). The reward is the product of the parts asked for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    world: bool = False
+    actions: bool = False
+    must_say: list[str] = []
+    judge: bool = False
+
+
 class Scenario(BaseModel):
     """One scenario (see the module docstring)."""
 
@@ -59,6 +73,30 @@ class Scenario(BaseModel):
     expected_outcome: str = Field(min_length=1, max_length=2000)
     #: What the Responder knows for this scenario (a policy, an account's state); optional.
     context: str | None = Field(None, max_length=4000)
+    #: A run with tools (docs/tools.md): the scenario's world, a JSON object inline or a
+    #: ``.json`` file (read from the working directory), deep-copied for each dialogue.
+    world: dict[str, Any] | str | None = None
+    #: Tool calls (``{tool, arguments}``, optionally ``actor``) that, replayed on the initial
+    #: world, give the gold world; checked when the run starts.
+    reference_actions: list[dict[str, Any]] | None = None
+    #: How success is measured; the reward is the product of the parts asked for.
+    success: Success | None = None
+    #: The tools this scenario offers (default: every tool of the run).
+    tools: list[str] | None = None
+    #: Where the scenario was written (``file, line N``), for messages.
+    _where: str = PrivateAttr(default="")
+
+    @property
+    def where(self) -> str:
+        """``file, line N`` (or ``file, scenario N``) the scenario was read from."""
+        return self._where
+
+    def __eq__(self, other: object) -> bool:
+        # Two scenarios are equal by their fields, wherever they were read from.
+        return isinstance(other, Scenario) and self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash(self.id)
 
 
 def client_card(card: str, scenario: Scenario | None) -> str:
@@ -116,6 +154,7 @@ def parse_scenarios(records: Sequence[tuple[int | None, Any]], source: str) -> l
             at = f"line {first}" if first is not None else "an earlier scenario"
             raise ConfigError(f"{where}: scenario id {scenario.id!r} repeats {at}; ids are unique.")
         seen[scenario.id] = line
+        scenario._where = where
         out.append(scenario)
     if not out:
         raise ConfigError(f"{source}: no scenarios (write at least one, or leave scenarios out).")
@@ -275,7 +314,7 @@ def scenarios_record(config: RunConfig) -> dict[str, Any] | None:
     if scenarios is None:
         return None
     return digest_record(config.scenarios if isinstance(config.scenarios, str) else "config",
-                         {s.id: s.model_dump(mode="json") for s in scenarios})
+                         {s.id: _recorded(s) for s in scenarios})
 
 
 def digest_record(source: str, items: Mapping[str, Any]) -> dict[str, Any]:
@@ -290,6 +329,19 @@ def digest_record(source: str, items: Mapping[str, Any]) -> dict[str, Any]:
     if len(by_id) <= MAX_RECORDED_IDS:
         record["by_id"] = {k: v[:16] for k, v in sorted(by_id.items())}
     return record
+
+
+#: Fields added with tools (issue 31): left out of a scenario's digest while unset, so the
+#: digests of runs written before them do not change.
+_ADDED_FIELDS = ("world", "reference_actions", "success", "tools")
+
+
+def _recorded(s: Scenario) -> dict[str, Any]:
+    data = s.model_dump(mode="json")
+    for key in _ADDED_FIELDS:
+        if data.get(key) is None:
+            data.pop(key, None)
+    return data
 
 
 def _listed(ids: Sequence[str], limit: int = 8) -> str:

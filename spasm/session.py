@@ -24,6 +24,7 @@ from spasm.backends.base import CallContext, ChatRequest, Completion, Message
 from spasm.calls import Caller, CallScope, Structured
 from spasm.seeds import derive_seed
 from spasm.tokens import common_prefix_length, count_tokens
+from spasm.tools import ToolBelt
 
 __all__ = ["MIN_CACHED_TOKENS", "DialogueSession", "PrefixTracker", "TurnMeter"]
 
@@ -83,18 +84,21 @@ class DialogueSession:
     prefix: PrefixTracker = field(default_factory=lambda: PrefixTracker(0))
     #: The dialogue's scenario, when it has one (handed to code agents in their context).
     scenario_id: str | None = None
+    #: A run with tools: the dialogue's tools, world and seats (``None``: agents only speak).
+    belt: ToolBelt | None = None
 
     @classmethod
     def open(
         cls, caller: Caller, dialogue_id: str, persona_id: str, condition: str, seed: int, *,
         estimate_cache: bool = False, scenario_id: str | None = None,
+        belt: ToolBelt | None = None,
     ) -> DialogueSession:
         """The session of one dialogue; its calls are logged under its id. The cache estimate
         costs a token count per call, so it is kept only with ``estimate_cache`` (harness
         runs report it)."""
         scope = CallScope(dialogue_id=dialogue_id, persona_id=persona_id)
         prefix = PrefixTracker(16) if estimate_cache else PrefixTracker(0)
-        return cls(caller, scope, condition, seed, prefix, scenario_id)
+        return cls(caller, scope, condition, seed, prefix, scenario_id, belt)
 
     def context(self, speaker: str, turn_index: int | None) -> CallContext:
         """Where a call of ``speaker``'s turn ``turn_index`` comes from, for its request."""

@@ -102,7 +102,7 @@ async def _converse(
         for agent in agents:
             before = out.history
             t = await agent.turn(before, session)
-            out.history = before.append(agent.speaker, t.text)
+            out.history = before.with_events(t.events).append(agent.speaker, t.text)
             out.turns.append(turn_row(dialogue_id, len(before), t))
         stop = await chain.check(out.history, session.scope)
         if stop is not None:
@@ -170,7 +170,7 @@ async def _converse_group(
     while len(out.history) < max_utterances:
         before = out.history
         t = await by_id[speaker].turn(before, session)
-        out.history = before.append(speaker, t.text)
+        out.history = before.with_events(t.events).append(speaker, t.text)
         row = turn_row(dialogue_id, len(before), t)
         out.turns.append(GroupTurnRow(**row.as_record(), role=roles[speaker],
                                       next_speaker_reason=reason))

@@ -412,9 +412,17 @@ class ToolBelt:
     """One dialogue's tools, world and seats: runs the calls an agent asks for and returns
     them as events (see the module docstring)."""
 
-    def __init__(self, tools: Mapping[str, Tool], world: Any, seats: Mapping[Speaker, str]) -> None:
+    def __init__(self, tools: Mapping[str, Tool], world: Any, seats: Mapping[Speaker, str], *,
+                 max_steps: int = 8) -> None:
         #: The tools by name.
         self.tools = dict(tools)
+        #: Tool steps an agent may take within one turn before it must write its utterance
+        #: (``dialogue.max_tool_steps``).
+        self.max_steps = max_steps
+        #: Prompted tool steps whose reply never parsed (the turn then writes plain text).
+        self.fallbacks = 0
+        #: Turns that used every step and were asked for their utterance without tools.
+        self.capped = 0
         self.world = WorldLog(world)
         #: Participant id → role (two-party: ``client`` → ``client``, ``responder`` → ``responder``).
         self.seats = dict(seats)

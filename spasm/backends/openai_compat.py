@@ -22,7 +22,7 @@ import anyio
 import openai
 from openai.types.chat import ChatCompletion
 
-from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.base import Backend, ChatRequest, Completion, ToolCall
 from spasm.backends.keys import resolve_api_key
 from spasm.backends.registry import register_backend
 from spasm.backends.structured import Transport, ladder, names_format, response_format, with_instruction
@@ -117,6 +117,7 @@ def _completion(resp: Any, backend: str, model: str, latency: float) -> Completi
         ) from exc
     if content is not None and not isinstance(content, str):
         raise MalformedResponseError(f"malformed response body from {backend} (content not text)")
+    calls = _tool_calls(getattr(choice.message, "tool_calls", None), backend)
     return Completion(
         text=content or "",
         prompt_tokens=prompt_tokens,
@@ -125,7 +126,21 @@ def _completion(resp: Any, backend: str, model: str, latency: float) -> Completi
         finish_reason=getattr(choice, "finish_reason", None) or "stop",
         latency_s=latency,
         cached_tokens=cached_tokens,
+        tool_calls=calls,
     )
+
+
+def _tool_calls(raw: Any, backend: str) -> tuple[ToolCall, ...]:
+    """The tool calls of a reply (issue 31): each with its id, function name and arguments
+    text; a call shaped otherwise is a malformed body."""
+    if not raw:
+        return ()
+    try:
+        return tuple(ToolCall(str(c.id), str(c.function.name), str(c.function.arguments or "{}"))
+                     for c in raw)
+    except (AttributeError, TypeError) as exc:
+        raise MalformedResponseError(
+            f"malformed response body from {backend} (tool_calls: {exc})") from exc
 
 
 #: No call reports more tokens than this (the longest contexts are ~10^7); a larger or negative
@@ -288,6 +303,8 @@ class OpenAIBackend(Backend):
             body["seed"] = request.seed
         if fmt is not None:
             body["response_format"] = fmt
+        if request.tools is not None:  # native tool calls (issue 31)
+            body["tools"] = list(request.tools)
         return body
 
     async def _send(self, body: dict[str, Any]) -> Completion:

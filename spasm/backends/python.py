@@ -16,7 +16,10 @@ The function is called as ``fn(messages, context)``:
   ``None``.
 
 It returns the reply text: a ``str``, or, to report its token usage, a mapping or an object
-with ``text`` and optionally ``prompt_tokens`` and ``completion_tokens``. It may be ``async``;
+with ``text`` and optionally ``prompt_tokens`` and ``completion_tokens``. In a run with tools
+(``context.tools`` lists the ones it may call in this step) it may return
+``{"tool_calls": [{"name", "arguments"}]}`` instead: the calls run, and the function is called
+again with their results as ``tool`` messages, until it returns text. It may be ``async``;
 a plain function runs in a worker thread (``anyio.to_thread``), so at most ``max_concurrency``
 calls run at once (set ``max_concurrency: 1`` for a function that is not thread-safe).
 
@@ -42,6 +45,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 import time
 import traceback
@@ -54,7 +58,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.base import Backend, ChatRequest, Completion, ToolCall
 from spasm.backends.registry import register_backend
 from spasm.config import BackendConfig, check_target
 from spasm.errors import (
@@ -90,6 +94,9 @@ class AgentContext:
     json_schema: Mapping[str, Any] | None = None
     #: The backend's name in the run config.
     backend: str = ""
+    #: The tools the agent may call in this step, as OpenAI ``tools`` items (read-only; empty
+    #: without tools). Return ``{"tool_calls": [{"name", "arguments"}]}`` to call them.
+    tools: tuple[Mapping[str, Any], ...] = ()
 
 
 def _frozen(value: Any) -> Any:
@@ -238,9 +245,10 @@ class PythonBackend(Backend):
             max_tokens=request.max_tokens,
             json_schema=None if request.json_schema is None else _frozen(request.json_schema),
             backend=self.name,
+            tools=_frozen(list(request.tools)) if request.tools else (),
         )
 
-    async def _invoke(self, messages: list[dict[str, str]], context: AgentContext) -> Any:
+    async def _invoke(self, messages: list[dict[str, Any]], context: AgentContext) -> Any:
         """Call the function: awaited when async, else in a worker thread."""
         if self._async:
             return await self.fn(messages, context)
@@ -252,7 +260,7 @@ class PythonBackend(Backend):
     async def complete(self, request: ChatRequest) -> Completion:
         """One call of the function; its failures mapped to :mod:`spasm.errors` classes."""
         # A fresh copy: what the function does to it never reaches the dialogue.
-        messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
+        messages = [_plain(m) for m in request.messages]
         t0 = time.perf_counter()
         result: Any = None
         try:
@@ -278,6 +286,10 @@ class PythonBackend(Backend):
         if isinstance(result, str):
             return Completion(text=result, prompt_tokens=0, completion_tokens=0,
                               resolved_model=self.model, latency_s=latency)
+        calls: tuple[ToolCall, ...] = ()
+        if isinstance(result, Mapping) and "tool_calls" in result:
+            calls = self._calls(result["tool_calls"])
+            result = {**result, "text": result.get("text") or ""}
         if isinstance(result, Mapping):
             text, prompt, completion = (result.get("text"), result.get("prompt_tokens"),
                                         result.get("completion_tokens"))
@@ -293,8 +305,39 @@ class PythonBackend(Backend):
         return Completion(
             text=text, prompt_tokens=_count(prompt, "prompt_tokens", self.target),
             completion_tokens=_count(completion, "completion_tokens", self.target),
-            resolved_model=self.model, latency_s=latency,
+            resolved_model=self.model, latency_s=latency, tool_calls=calls,
         )
+
+    def _calls(self, raw: Any) -> tuple[ToolCall, ...]:
+        """``{"tool_calls": [{"name", "arguments"}]}`` as tool calls (the agent gives them ids
+        when they have none); anything else is a FatalBackendError saying the shape."""
+        shape = ('return {"tool_calls": [{"name": "<tool>", "arguments": {...}}]} (arguments a '
+                 "mapping or JSON text)")
+        if not isinstance(raw, list | tuple) or not raw:
+            raise FatalBackendError(f"{self.target} returned tool_calls={_describe(raw)}; {shape}")
+        out = []
+        for c in raw:
+            if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
+                raise FatalBackendError(f"{self.target} returned a tool call {_describe(c)}; {shape}")
+            arguments = c.get("arguments", {})
+            try:
+                text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            except (TypeError, ValueError) as exc:
+                raise FatalBackendError(f"{self.target}: the arguments of {c['name']!r} are not "
+                                        f"JSON ({exc}); {shape}") from None
+            out.append(ToolCall(str(c.get("id") or ""), c["name"], text))
+        return tuple(out)
+
+
+def _plain(m: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as the function gets it: role and content, and a tool step's ``tool_calls``
+    and ``tool_call_id`` when it has them (a fresh copy)."""
+    out: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+    if "tool_calls" in m:
+        out["tool_calls"] = json.loads(json.dumps(m["tool_calls"]))
+    if "tool_call_id" in m:
+        out["tool_call_id"] = m["tool_call_id"]
+    return out
 
 
 def _describe(value: Any) -> str:

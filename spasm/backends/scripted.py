@@ -22,7 +22,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from spasm.backends.base import Backend, ChatRequest, Completion
+from spasm.backends.base import Backend, ChatRequest, Completion, ToolCall
 from spasm.config import BackendConfig
 from spasm.tokens import count_messages, count_tokens
 
@@ -122,11 +122,36 @@ class ScriptedBackend(Backend):
             value.update({k: v for k, v in self.overrides.items() if k in value})
         return json.dumps(value, ensure_ascii=False)
 
+    def _prompted_step(self, request: ChatRequest, seed: int) -> str:
+        """One tool step per turn, as with native tools: a call first, then the message."""
+        last = request.messages[-1]["content"] if request.messages else ""
+        if not last.startswith("Result of "):
+            value = self._structured(request.json_schema or {})
+            calls = json.loads(value).get("tool_calls")
+            if calls:
+                return json.dumps({"tool_calls": calls[:1]})
+        return json.dumps({"message": filler(self._length(request, seed), seed)})
+
     async def complete(self, request: ChatRequest) -> Completion:
-        """A reply of the planned size; usage counted on the request and the reply."""
+        """A reply of the planned size; usage counted on the request and the reply. A turn
+        that offers tools takes one tool step (it calls the first tool offered, with example
+        arguments) before it speaks, so the dry run counts tool steps."""
         self.calls += 1
         seed = _seed(request)
-        if request.json_schema is not None:
+        first_step = not request.messages or request.messages[-1]["role"] != "tool"
+        if request.tools and first_step:
+            tool = request.tools[0]["function"]
+            from spasm.backends.structured import schema_example
+
+            arguments = json.dumps(schema_example(tool.get("parameters") or {}))
+            return Completion(text="", prompt_tokens=count_messages(request.messages),
+                              completion_tokens=count_tokens(arguments), resolved_model=self.model,
+                              finish_reason="tool_calls",
+                              tool_calls=(ToolCall(f"call_{seed % 10**8}", tool["name"], arguments),))
+        if request.json_schema is not None and str(request.json_schema.get("title", "")).startswith(
+                "PromptedStep"):  # a prompted tool step (spasm.backends.structured): the same
+            text = self._prompted_step(request, seed)
+        elif request.json_schema is not None:
             text = self._structured(request.json_schema)
         else:
             text = filler(self._length(request, seed), seed)

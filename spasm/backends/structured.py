@@ -14,19 +14,26 @@ whole ladder; a pinned mode only its own rung(s).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
 from spasm.backends.base import Message
 
 __all__ = [
+    "PromptedStep",
     "Transport",
     "extract_json",
     "instruction",
     "ladder",
     "names_format",
+    "prompted_step_model",
+    "prompted_tool_messages",
     "response_format",
     "schema_example",
     "with_instruction",
@@ -184,3 +191,78 @@ def extract_json(text: str) -> Any:
     if first_error is not None:
         raise first_error
     return _DECODER.decode(stripped)  # raises with the position; or a non-object to validate
+
+
+# -- tools in prompted mode (issue 31) ---------------------------------------------------------
+#: The instruction a prompted tool step adds (after the tools' descriptions).
+TOOL_STEP_INSTRUCTION = (
+    "You can act before you answer. To use tools, reply with JSON "
+    '{"tool_calls": [{"name": "<tool>", "arguments": {...}}]}; you will then see their results. '
+    'To write your message instead, reply with JSON {"message": "<your message>"}.'
+)
+
+
+class PromptedCall(BaseModel):
+    """One call in a prompted tool step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class PromptedStep(BaseModel):
+    """A prompted tool step's reply: a message, or tool calls (one of the two)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: str | None = None
+    tool_calls: list[PromptedCall] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> PromptedStep:
+        if not (self.message or "").strip() and not self.tool_calls:
+            raise ValueError("reply with a non-empty message or at least one tool call")
+        return self
+
+
+@functools.cache
+def prompted_step_model(names: tuple[str, ...]) -> type[PromptedStep]:
+    """:class:`PromptedStep` with the call names restricted to ``names`` (so the embedded
+    model's grammar can only name a tool it was offered); one class per set of names."""
+    allowed: Any = Literal[names]
+    call: Any = create_model(f"PromptedCall_{len(names)}", __base__=PromptedCall,
+                             name=(allowed, ...))
+    model: type[PromptedStep] = create_model(
+        f"PromptedStep_{len(names)}", __base__=PromptedStep, tool_calls=(list[call] | None, None))
+    return model
+
+
+def prompted_tool_messages(messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
+    """A tool step's frame for a model without native tools: the tools described after the
+    system prompt, each ``assistant`` message with ``tool_calls`` as the JSON it would have
+    written, each ``tool`` message as a ``user`` line with the result (no role the chat
+    template may not know)."""
+    listing = "\n".join(
+        f"- {t['function']['name']}: {t['function'].get('description', '')} Arguments (JSON "
+        f"schema): {json.dumps(t['function'].get('parameters', {}), ensure_ascii=False)}"
+        for t in tools)
+    names: dict[str, str] = {}
+    out: list[Message] = []
+    for m in messages:
+        if m["role"] == "system" and not out:
+            out.append({"role": "system", "content": f"{m['content']}\n\nYour tools:\n{listing}\n\n"
+                        f"{TOOL_STEP_INSTRUCTION}"})
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = m.get("tool_calls") or []
+            names.update({c["id"]: c["function"]["name"] for c in calls})
+            shown = [{"name": c["function"]["name"],
+                      "arguments": json.loads(c["function"]["arguments"] or "{}")} for c in calls]
+            out.append({"role": "assistant",
+                        "content": json.dumps({"tool_calls": shown}, ensure_ascii=False)})
+        elif m["role"] == "tool":
+            name = names.get(m.get("tool_call_id", ""), "the tool")
+            out.append({"role": "user", "content": f"Result of {name}: {m['content']}"})
+        else:
+            out.append(m)
+    return out

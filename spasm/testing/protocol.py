@@ -53,7 +53,7 @@ class _State:
     def __init__(
         self,
         plan: FaultPlan,
-        reply: Callable[[dict[str, Any]], str] | None,
+        reply: Callable[[dict[str, Any]], str | dict[str, Any]] | None,
         models: Sequence[str],
         reject_formats: frozenset[str] = frozenset(),
         usage: Usage | None = None,
@@ -83,6 +83,59 @@ class _State:
         with self.lock:
             self.counter += 1
             return self.counter
+
+
+def _scripted(reply: Any, body: dict[str, Any], state: _State) -> tuple[str, list[dict[str, Any]] | None]:
+    """A reply callable's answer: text, or ``{"tool_calls": [{"name", "arguments"}],
+    "content": …}`` for a request that offered tools (each call gets an id ``call_<n>``; the
+    arguments may be a mapping or JSON text)."""
+    if isinstance(reply, str):
+        return reply, None
+    if not isinstance(reply, dict) or not isinstance(reply.get("tool_calls"), list):
+        raise _HTTPError(500, f"reply callable returned {reply!r}: a str or a mapping with "
+                         "tool_calls", "server_error")
+    offered = {t.get("function", {}).get("name") for t in body.get("tools") or []
+               if isinstance(t, dict)}
+    calls = []
+    for c in reply["tool_calls"]:
+        name = c.get("name")
+        if name not in offered:  # a real model can do this too; the test server refuses to
+            raise _HTTPError(500, f"reply callable called {name!r}, which the request did not "
+                             f"offer ({sorted(n for n in offered if n)})", "server_error")
+        arguments = c.get("arguments", {})
+        calls.append({"id": c.get("id") or f"call_{state.next_id():06d}", "type": "function",
+                      "function": {"name": name, "arguments": arguments if isinstance(
+                          arguments, str) else json.dumps(arguments)}})
+    return str(reply.get("content") or ""), calls
+
+
+def _check_tools(body: dict[str, Any]) -> None:
+    """Refuse what OpenAI's API refuses about tools: ``tools`` not a list of functions, and a
+    ``tool`` message that answers no call of the ``assistant`` message before it."""
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type") == "function"
+            and isinstance(t.get("function"), dict) and t["function"].get("name")
+            for t in tools)):
+        raise _HTTPError(400, "'tools' must be a list of {type: function, function: {name, "
+                         "parameters}}", "invalid_request_error")
+    open_ids: set[str] = set()
+    for i, m in enumerate(body.get("messages") or []):
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            open_ids = {str(c.get("id")) for c in m["tool_calls"] if isinstance(c, dict)}
+            for c in m["tool_calls"]:
+                try:
+                    json.loads(c["function"]["arguments"])
+                except (KeyError, TypeError, ValueError):
+                    raise _HTTPError(400, f"messages[{i}].tool_calls: arguments are JSON text",
+                                     "invalid_request_error") from None
+        elif m.get("role") == "tool":
+            if m.get("tool_call_id") not in open_ids:
+                raise _HTTPError(400, f"messages[{i}]: messages with role 'tool' must be a "
+                                 "response to a preceding message with 'tool_calls'",
+                                 "invalid_request_error")
+        else:
+            open_ids = set()
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -335,13 +388,16 @@ class _Handler(BaseHTTPRequestHandler):
                 "unsupported_parameter",
             )
         self._check_format(body.get("response_format"))
+        _check_tools(body)
+        calls: list[dict[str, Any]] | None = None
         if empty:
             content = ""
         elif state.reply is not None:
             try:
-                content = state.reply(body)
+                scripted = state.reply(body)
             except Exception as exc:  # the user's callable failed: report it as a 500
                 raise _HTTPError(500, f"reply callable raised {exc!r}", "server_error") from exc
+            content, calls = _scripted(scripted, body, state)
         else:
             try:
                 content = default_reply(body)
@@ -362,10 +418,14 @@ class _Handler(BaseHTTPRequestHandler):
 
         n = body.get("n") or 1
         choice_count = n if isinstance(n, int) and 1 <= n <= 128 else 1
+        answer: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            answer = {**answer, "content": content or None, "tool_calls": calls}
+            finish_reason = "tool_calls"
         choices = [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": content, "refusal": None},
+                "message": answer,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }

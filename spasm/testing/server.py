@@ -70,8 +70,11 @@ class TestServer:
         with TestServer(FaultPlan(rate_429=0.5)) as server:
             client = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
 
-    ``reply`` maps a chat request body to the reply text; without it the server answers
-    deterministically (see :func:`default_reply`). ``models`` are listed by
+    ``reply`` maps a chat request body to the reply text, or, for a request that offers
+    ``tools``, to ``{"tool_calls": [{"name", "arguments"}]}`` (the server gives each call an id
+    and answers with ``finish_reason: tool_calls``, as OpenAI does); without it the server
+    answers deterministically (see :func:`default_reply`). Like OpenAI's API it refuses a
+    ``tool`` message that answers no call of the ``assistant`` message before it. ``models`` are listed by
     ``GET /v1/models``; requests may name any model. ``reject_formats`` names structured-output
     formats to refuse with HTTP 500 (any of :data:`FORMATS`). ``usage`` says how tokens are
     counted and whether a prefix cache reports cached tokens (:class:`~spasm.testing.usage.Usage`;
@@ -83,7 +86,7 @@ class TestServer:
     def __init__(
         self,
         plan: FaultPlan | None = None,
-        reply: Callable[[dict[str, Any]], str] | None = None,
+        reply: Callable[[dict[str, Any]], str | dict[str, Any]] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
