@@ -484,7 +484,10 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
     # A run with scenarios: one goal_judge call over the whole group transcript.
     result, verdict = await settle(spec, config, caller, convo, session, goal)
     if result.error is None:
-        _group_rows(result, spec, config, agents, convo, session, verdict)
+        rewarded = await acted(spec, session, convo, result, verdict,
+                               [s.participant.id for s in spec.seats
+                                if s.participant.role == "responder"])
+        _group_rows(result, spec, config, agents, convo, session, verdict, rewarded)
     if has_people(config):  # a person in a seat: the seats' kinds, the typing (1.10)
         await record_people(result, config, caller, spec.dialogue_id, spec.pairing,
                             {s.participant.id: s.participant.backend for s in spec.seats},
@@ -494,14 +497,13 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
 
 def _group_rows(result: DialogueResult, spec: GroupSpec, config: RunConfig,
                 agents: list[TurnAgent], convo: Conversation, session: DialogueSession,
-                verdict: GoalVerdict | None) -> None:
-    """A finished group dialogue's dialogues row and participants rows."""
+                verdict: GoalVerdict | None, rewarded: Reward | None = None) -> None:
+    """A finished group dialogue's dialogues row and participants rows (and its reward, a run
+    with tools: ``rewarded``)."""
     client = next(a for a, s in zip(agents, spec.seats, strict=True) if s.participant.role == "client")
     helper = next(a for a, s in zip(agents, spec.seats, strict=True)
                   if s.participant.role == "responder")
     row = _dialogue_row(spec, config, (client, helper), convo, session.scope.records)
-    rewarded = await acted(spec, session, convo, result, verdict,
-                           [s.participant.id for s in spec.seats if s.participant.role == "responder"])
     result.dialogue = with_goal(
         DialogueRow(**{**row.as_record(), "responder_role": group_role(spec, config)}), spec,
         verdict, rewarded)
