@@ -135,7 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     register_view(sub)
     from spasm.play.cli import register as register_play
     register_play(sub)
+    sub.choices["view"].set_defaults(extend_app=_play_pages)  # /play: a seat in the browser
     return parser
+
+
+def _play_pages(app: Any, viewer: Any) -> None:
+    """``spasm view``'s play pages (the viewer imports no engine: they come from here)."""
+    from spasm.play.web import add_play_routes
+
+    add_play_routes(app, viewer)
 
 
 def resolve_config(args: argparse.Namespace) -> Any:

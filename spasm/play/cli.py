@@ -59,29 +59,11 @@ def _load(args: argparse.Namespace) -> Any:
         raise UserError(f"{cfg} cannot be read ({exc}); give --config FILE instead") from None
 
 
-def pick_persona(personas: list[dict[str, Any]], wanted: str | None) -> str:
-    """The persona id ``--persona`` names: an id, a unique start of one, or a 0-based index."""
-    ids = [str(p["persona_id"]) for p in personas]
-    if not ids:
-        raise UserError("the config draws no persona")
-    if wanted is None:
-        return ids[0]
-    if wanted in ids:
-        return wanted
-    if wanted.isdigit() and int(wanted) < len(ids):
-        return ids[int(wanted)]
-    starts = [i for i in ids if i.startswith(wanted)]
-    if len(starts) == 1:
-        return starts[0]
-    raise UserError(f"--persona {wanted!r} names {'several' if starts else 'no'} persona of the "
-                    f"config; its personas: {', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''}")
-
-
 def cmd_play(args: argparse.Namespace) -> int:
     import anyio
 
     from spasm.exits import RUN_EXIT, interrupted, outcome_code
-    from spasm.play.session import new_operator, personas_of, play, play_config
+    from spasm.play.session import new_operator, personas_of, pick_persona, play, play_config
     from spasm.play.terminal import TerminalPerson
 
     config = _load(args)

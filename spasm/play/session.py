@@ -28,7 +28,7 @@ from spasm.run_summary import RunSummary
 from spasm.runplan import make_backends
 from spasm.scenarios import run_scenarios
 
-__all__ = ["PlaySetup", "new_operator", "play", "play_config", "seat_of"]
+__all__ = ["PlaySetup", "new_operator", "pick_persona", "play", "play_config", "seat_of"]
 
 #: The human backend's name in a play config (a number is added if the config has one).
 HUMAN = "human"
@@ -137,6 +137,24 @@ def play_config(
     elif scenario is not None:
         raise UserError(f"--scenario {scenario!r}: this config has no scenarios")
     return PlaySetup(parse_config(data, "the play config"), name, seat, replaced, tuple(notes))
+
+
+def pick_persona(personas: list[dict[str, Any]], wanted: str | None) -> str:
+    """The persona id ``--persona`` names: an id, a unique start of one, or a 0-based index."""
+    ids = [str(p["persona_id"]) for p in personas]
+    if not ids:
+        raise UserError("the config draws no persona")
+    if wanted is None:
+        return ids[0]
+    if wanted in ids:
+        return wanted
+    if wanted.isdigit() and int(wanted) < len(ids):
+        return ids[int(wanted)]
+    starts = [i for i in ids if i.startswith(wanted)]
+    if len(starts) == 1:
+        return starts[0]
+    raise UserError(f"--persona {wanted!r} names {'several' if starts else 'no'} persona of the "
+                    f"config; its personas: {', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''}")
 
 
 def play_backends(setup: PlaySetup, person: Person) -> dict[str, Backend]:

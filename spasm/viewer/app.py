@@ -18,7 +18,7 @@ only files served are the two static files and the eval report, by fixed names.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -29,12 +29,19 @@ from spasm.viewer import routes
 from spasm.viewer.security import LOOPBACK_HOSTS, Guard
 from spasm.viewer.state import NotFound, ViewerState
 
-__all__ = ["create_app"]
+__all__ = ["Extension", "create_app"]
 
 
-def create_app(run_dir: str | Path, *, token: str | None = None, loopback: bool = True) -> FastAPI:
+#: Adds pages to the viewer's app (``spasm view``'s play pages, :mod:`spasm.play.web`): called
+#: with the app and its state before the viewer's own routes, behind the same guard.
+Extension = Callable[[FastAPI, ViewerState], None]
+
+
+def create_app(run_dir: str | Path, *, token: str | None = None, loopback: bool = True,
+               extend: Extension | None = None) -> FastAPI:
     """The app for ``run_dir``. ``loopback``: serve only ``Host: 127.0.0.1/localhost``;
-    ``token``: every request must carry it (required when not ``loopback``)."""
+    ``token``: every request must carry it (required when not ``loopback``); ``extend``: more
+    pages (the play pages), behind the same guard."""
     if not loopback and not token:
         raise UserError("A viewer reachable from other machines needs a token (--token).")
     viewer = ViewerState(run_dir)
@@ -64,6 +71,8 @@ def create_app(run_dir: str | Path, *, token: str | None = None, loopback: bool 
     async def _no_route(request: Request, exc: Exception) -> Response:
         return viewer.render("error.html", 404, title="Not found", message="No such page.")
 
+    if extend is not None:
+        extend(app, viewer)
     routes.add_routes(app, viewer)
     return app
 

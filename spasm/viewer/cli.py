@@ -60,7 +60,8 @@ def cmd_view(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UserError("--port must be between 0 and 65535.")
     token = resolve_token(args.host, args.token)
-    server = ViewerServer(args.run_dir, host=args.host, port=args.port, token=token)
+    server = ViewerServer(args.run_dir, host=args.host, port=args.port, token=token,
+                          extend=getattr(args, "extend_app", None))
     print(f"spasm view: {args.run_dir} at {server.url}", flush=True)
     if token is not None and args.token is None:
         print("(a token was generated because the viewer is reachable from other machines; "

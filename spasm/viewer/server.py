@@ -13,9 +13,13 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from spasm.errors import UserError
 from spasm.viewer.security import is_loopback
+
+if TYPE_CHECKING:
+    from spasm.viewer.app import Extension
 
 __all__ = ["ViewerServer", "bind"]
 
@@ -42,7 +46,7 @@ class ViewerServer:
     :meth:`run` in the foreground."""
 
     def __init__(self, run_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None) -> None:
+                 token: str | None = None, extend: Extension | None = None) -> None:
         import uvicorn
 
         from spasm.viewer.app import create_app
@@ -51,7 +55,7 @@ class ViewerServer:
         # The socket first: a port in use then fails before the index's temporary folder exists.
         self.sock = bind(host, port)
         try:
-            self.app = create_app(run_dir, token=token, loopback=is_loopback(host))
+            self.app = create_app(run_dir, token=token, loopback=is_loopback(host), extend=extend)
         except BaseException:
             self.sock.close()
             raise
