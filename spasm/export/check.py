@@ -5,7 +5,9 @@ object; it has a ``messages`` list; every message has a ``role`` among system, u
 assistant, tool and function, and non-empty string ``content`` (an assistant message with
 ``tool_calls`` or ``function_call`` may have none); no unknown keys (top level or in a
 message); ``weight``, where present, is 0 or 1 and on an assistant message; at least one
-assistant message. Those are problems (the file fails). As in the notebook, these are
+assistant message; and tool use as :func:`spasm.export.tooluse.tool_problems` checks it (call
+ids, JSON arguments against the tool's schema, results following their calls). Those are
+problems (the file fails). As in the notebook, these are
 warnings, counted and shown with their lines: examples missing a system message, examples
 missing a user message, and examples over a token count (the notebook's count: 3 per message,
 the tokens of each value, 1 per ``name``, 3 to prime the reply). The token limit depends on
@@ -24,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from spasm.errors import UserError
+from spasm.export.tooluse import tool_problems
 from spasm.tokens import count_tokens, counter_source
 
 __all__ = ["WARN_TOKENS", "CheckReport", "check_examples", "check_openai_file", "example_problems",
@@ -125,7 +128,7 @@ def example_problems(example: Any) -> list[str]:
             problems.append("bad_weight")
     if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
         problems.append("example_missing_assistant_message")
-    return problems
+    return problems + tool_problems(example)
 
 
 def example_tokens(example: dict[str, Any]) -> int:

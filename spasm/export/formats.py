@@ -36,6 +36,7 @@ dropped (:func:`system_messages`), the same way in every format.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,7 +45,14 @@ import pyarrow as pa
 
 from spasm.errors import UserError
 from spasm.export.stream import Turn
-from spasm.history import History, Utterance
+from spasm.export.tooluse import (
+    HF_TOOL_CALLS,
+    hf_tool_fields,
+    openai_tool_message,
+    sharegpt_tool_turns,
+    tool_perspective,
+)
+from spasm.history import Event, History, Utterance
 from spasm.projection import Viewer, get_projection
 
 __all__ = [
@@ -103,14 +111,18 @@ HF_WEIGHTED_SCHEMA = pa.schema([("messages", _WEIGHTED_CHAT), ("weights", pa.lis
 def hf_schema(options: FormatOptions) -> pa.Schema:
     """The hf format's schema under ``options`` (with or without weights; a group export's with
     ``participant_id`` and, with ``options.names``, a ``name`` in each message)."""
-    if not options.group:
+    if not options.group and not options.tools:
         return HF_WEIGHTED_SCHEMA if options.weights else HF_SCHEMA
     fields = [("role", pa.string()), ("content", pa.string()),
               *([("name", pa.string())] if options.names else []),
-              *([("weight", pa.int8())] if options.weights else [])]
+              *([("weight", pa.int8())] if options.weights else []),
+              *([("tool_calls", HF_TOOL_CALLS), ("tool_call_id", pa.string())]
+                if options.tools else [])]
     return pa.schema([("messages", pa.list_(pa.struct(fields))),
                       *([("weights", pa.list_(pa.int8()))] if options.weights else []),
-                      *META_COLUMNS.items(), *GROUP_META_COLUMNS.items()])
+                      *([("tools", pa.string())] if options.tools else []),
+                      *META_COLUMNS.items(),
+                      *(GROUP_META_COLUMNS.items() if options.group else [])])
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,17 +152,25 @@ class FormatOptions:
     #: Some speaker is named by the ``name`` field (a group run with ``speaker_names:
     #: name_field``): the hf messages have a ``name``.
     names: bool = False
+    #: A run with tools (an ``events`` table): tool calls and results in the messages, and the
+    #: schemas of the trained role's tools (:mod:`spasm.export.tooluse`).
+    tools: bool = False
 
 
 def perspective(
     turns: Sequence[Turn], role: str, system_prompt: str, *, untrained: Collection[int] = (),
-    viewer: Viewer | None = None,
+    viewer: Viewer | None = None, events: Sequence[Event] = (),
 ) -> list[dict[str, Any]]:
     """The messages ``role`` sees of the whole dialogue under ECP, with a weight on each of its
     own (assistant) turns: 0 for the turn indexes in ``untrained``, else 1. When ``role``
     speaks first, ECP's opening instruction is the first user message, as the agent saw it.
     ``viewer`` (a group participant's, whose speaker is its id) replaces ``role`` and
-    ``system_prompt``; a message naming its speaker by the field keeps ``name``."""
+    ``system_prompt``; a message naming its speaker by the field keeps ``name``. ``events``
+    (a run with tools): the frame over the history with its events, the role's own calls and
+    results included (:func:`spasm.export.tooluse.tool_perspective`)."""
+    if events:
+        return tool_perspective([(t.index, t.speaker, t.text) for t in turns], events,
+                                viewer or Viewer(role, system_prompt), untrained)
     history = History(tuple(Utterance(t.speaker, t.text) for t in turns))
     projected = get_projection("ecp")(history, viewer or Viewer(role, system_prompt))
     offset = len(projected) - len(turns)
@@ -170,7 +190,8 @@ def end_on_role(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], i
     trimmed: every example ends on a turn of the role it trains (LLaMA-Factory skips a
     ShareGPT example with an odd number of messages after the system prompt)."""
     end = len(messages)
-    while end and messages[end - 1]["role"] != "assistant":
+    # A tool step is no turn on its own: an example never ends on a call without its utterance.
+    while end and (messages[end - 1]["role"] != "assistant" or "tool_calls" in messages[end - 1]):
         end -= 1
     return messages[:end], len(messages) - end
 
@@ -258,8 +279,9 @@ def openai_format(example: Example, options: FormatOptions) -> dict[str, Any]:
             msg["name"] = m["name"]
         if options.weights and "weight" in m:
             msg["weight"] = m["weight"]
-        out.append(msg)
-    return {"messages": out}
+        out.append(openai_tool_message(m, msg) if options.tools else msg)
+    tools = json.loads(example.meta.get("tools") or "[]") if options.tools else []
+    return {"messages": out, "tools": tools} if tools else {"messages": out}
 
 
 _SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt"}
@@ -276,6 +298,9 @@ def sharegpt_format(example: Example, options: FormatOptions) -> dict[str, Any] 
         if cut is None:
             return None
         messages = cut
+    if options.tools:  # LLaMA-Factory's function_call / observation turns and tools column
+        return {"conversations": sharegpt_tool_turns(messages, _SHAREGPT_FROM, _prefixed),
+                "tools": example.meta.get("tools") or "[]"}
     return {"conversations": [{"from": _SHAREGPT_FROM[m["role"]], "value": _prefixed(m)} for m in messages]}
 
 
@@ -295,11 +320,14 @@ def hf_format(example: Example, options: FormatOptions) -> dict[str, Any]:
     meta = {k: example.meta.get(k) for k in META_COLUMNS}
     if options.group:
         meta.update({k: example.meta.get(k) for k in GROUP_META_COLUMNS})
+    if options.tools:
+        meta["tools"] = example.meta.get("tools") or "[]"
+    tool = hf_tool_fields if options.tools else (lambda m: {})
     if not options.weights:
-        return {"messages": [{"role": m["role"], "content": m["content"], **_name(m, options)} for m in msgs],
-                **meta}
-    messages = [{"role": m["role"], "content": m["content"], **_name(m, options), "weight": m.get("weight")}
-                for m in msgs]
+        return {"messages": [{"role": m["role"], "content": m["content"], **_name(m, options), **tool(m)}
+                             for m in msgs], **meta}
+    messages = [{"role": m["role"], "content": m["content"], **_name(m, options), "weight": m.get("weight"),
+                 **tool(m)} for m in msgs]
     return {"messages": messages, "weights": [int(m.get("weight") or 0) for m in msgs], **meta}
 
 

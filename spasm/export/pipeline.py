@@ -85,15 +85,21 @@ from spasm.export.seats import (
 from spasm.export.select import DIALOGUE_COLUMNS, Selection, SelectionResult, check_selection, select
 from spasm.export.split import SPLIT_NAMES, assign_splits
 from spasm.export.stream import Turn, iter_dialogues, turn_index
+from spasm.export.tooluse import run_events, run_tools, tools_for
 from spasm.export.trainers import axolotl_datasets, format_path, llamafactory_dataset_info
 
 __all__ = ["ExportOptions", "ExportSummary", "export_run", "hub_configs"]
 
 _CHUNK_SCHEMA = pa.schema([
     ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
-                                     ("weight", pa.int8()), ("name", pa.string())]))),
+                                     ("weight", pa.int8()), ("name", pa.string()),
+                                     # A run with tools: a step's calls (JSON), a result's call id.
+                                     ("tool_calls", pa.string()), ("tool_call_id", pa.string())]))),
     *META_COLUMNS.items(), *GROUP_META_COLUMNS.items(),
+    ("tools", pa.string()),  # a run with tools: the trained role's tool schemas (JSON)
 ])
+#: Message keys a chunk stores as null where a message has none.
+_OPTIONAL_KEYS = ("weight", "name", "tool_calls", "tool_call_id")
 
 
 class ExportOptions(BaseModel):
@@ -237,6 +243,9 @@ class _Builder:
             self.flagged.setdefault(d, set()).add(i)
         self.buffers: dict[str, list[dict[str, Any]]] = {}
         self.built = _Built()
+        # A run with tools: each dialogue's events, and the tools each role could call.
+        self.events = run_events(run, only=self.rows)
+        self.tools = run_tools(run) if run.has("events") else None
 
     def untrained(self, did: str) -> set[int]:
         """Turns not to train on: flagged by the harness, or with a kept unredactable finding."""
@@ -276,6 +285,11 @@ class _Builder:
             self.count_masks(messages)
             meta = {k: row.get(k) for k in META_COLUMNS}
             meta.update(role=role, redactions=n_redacted, **extra)
+            if self.tools is not None:
+                meta["tools"] = json.dumps(tools_for(self.tools, role, extra.get("participant_id")),
+                                           ensure_ascii=False)
+                messages = [{**m, "tool_calls": json.dumps(m["tool_calls"], ensure_ascii=False)}
+                            if "tool_calls" in m else m for m in messages]
             self.buffers.setdefault(split, []).append({"messages": messages, **meta})
             counts["examples"] += 1
         if len(self.buffers.get(split, [])) >= self.options.chunk_dialogues:
@@ -288,9 +302,11 @@ class _Builder:
         in a group dialogue one per exported seat that spoke, from that participant's frame
         (the viewer the reader rebuilds it with)."""
         seats = self.seats.get(did)
+        events = self.events.get(did, [])
         if seats is None:
             for role in self.roles:
-                yield role, perspective(turns, role, self.system_prompt(row, role), untrained=untrained), {}
+                yield role, perspective(turns, role, self.system_prompt(row, role), untrained=untrained,
+                                        events=events), {}
             return
         spoke = {t.speaker for t in turns}
         for seat in wanted_seats(self.options.role, seats):
@@ -301,7 +317,7 @@ class _Builder:
             prompt = seat["system_prompt"] or (self.cards.get(seat["persona_id"]) if role == "client"
                                                else None)  # imported runs: the card is the prompt
             viewer = participant_viewer(row, seats, pid, str(prompt or ""))
-            messages = perspective(turns, role, "", untrained=untrained, viewer=viewer)
+            messages = perspective(turns, role, "", untrained=untrained, viewer=viewer, events=events)
             self.built.named = self.built.named or any("name" in m for m in messages)
             persona = seat["persona_id"] or row["persona_id"]  # a responder seat: the dialogue's
             yield role, messages, {"participant_id": pid, "persona_id": persona}
@@ -340,8 +356,11 @@ def _examples(chunks: list[Path]) -> Iterator[list[Example]]:
     for path in chunks:
         out = []
         for row in pq.read_table(path).to_pylist():
-            messages = [{k: v for k, v in m.items() if k not in ("weight", "name") or v is not None}
+            messages = [{k: v for k, v in m.items() if k not in _OPTIONAL_KEYS or v is not None}
                         for m in row.pop("messages")]
+            for m in messages:
+                if "tool_calls" in m:
+                    m["tool_calls"] = json.loads(m["tool_calls"])
             out.append(Example(messages, row))
         yield out
 
@@ -456,12 +475,13 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
         built = _Builder(run, qa, kept, splits, options, stage / ".work", index).run_pass()
         names = [s for s in SPLIT_NAMES if s in built.chunks]
         fopts = FormatOptions(system_prompt=options.system_prompt, weights=options.weights,
-                              group=bool(seats), names=built.named)
+                              group=bool(seats), names=built.named, tools=run.has("events"))
         files = [_write_format(f, s, built.chunks[s], fopts, stage) for f in formats for s in names]
         check = None
         if hub is not None or options.token_limit is not None:
             check = _check(built.chunks, names, fopts, options.token_limit)
-        info = llamafactory_dataset_info(formats, names, weights=options.weights)
+        info = llamafactory_dataset_info(formats, names, weights=options.weights,
+                                         tools=fopts.tools)
         if info:
             atomic_write_json(stage / "dataset_info.json", info)
             files.append(Path("dataset_info.json"))

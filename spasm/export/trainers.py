@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spasm.export.formats import ExportFormat
+from spasm.export.tooluse import SHAREGPT_TOOL_TAGS
 
 __all__ = ["AXOLOTL_PREFERENCE", "axolotl_datasets", "format_path", "llamafactory_dataset_info"]
 
@@ -43,21 +44,30 @@ def _known(formats: Sequence[ExportFormat]) -> list[ExportFormat]:
 
 
 def llamafactory_dataset_info(
-    formats: Sequence[ExportFormat], splits: Sequence[str], *, weights: bool
+    formats: Sequence[ExportFormat], splits: Sequence[str], *, weights: bool, tools: bool = False
 ) -> dict[str, Any]:
-    """LLaMA-Factory's ``dataset_info.json`` for the files written (empty: none it can read)."""
+    """LLaMA-Factory's ``dataset_info.json`` for the files written (empty: none it can read).
+    A tool export (``tools``) lists only the ShareGPT files, whose ``function_call`` and
+    ``observation`` turns and ``tools`` column it names (LLaMA-Factory reads no OpenAI
+    ``tool_calls``)."""
     known = _known(formats)
-    if weights and any(f.name == "sharegpt" for f in known):
+    if (weights or tools) and any(f.name == "sharegpt" for f in known):
         known = [f for f in known if f.name == "sharegpt"]
+    elif tools:
+        known = []
     info: dict[str, Any] = {}
     for fmt in known:
         for split in splits:
-            info[f"spasm_{fmt.name}_{split}"] = {
+            entry: dict[str, Any] = {
                 "file_name": format_path(fmt, split),
                 "formatting": "sharegpt",
                 "columns": {"messages": _MESSAGES[fmt.name]},
                 "tags": dict(_TAGS["sharegpt" if fmt.name == "sharegpt" else "role"]),
             }
+            if tools:
+                entry["columns"]["tools"] = "tools"
+                entry["tags"].update(SHAREGPT_TOOL_TAGS)
+            info[f"spasm_{fmt.name}_{split}"] = entry
     return info
 
 
