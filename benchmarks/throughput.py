@@ -94,9 +94,11 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def server_process(latency: float) -> Iterator[ServerProcess]:
-    """Start ``python -m spasm.testing.server --port 0 --latency L``; stop it with SIGTERM."""
-    cmd = [sys.executable, "-m", "spasm.testing.server", "--port", "0", "--latency", str(latency)]
+def server_process(latency: float, *extra: str) -> Iterator[ServerProcess]:
+    """Start ``python -m spasm.testing.server --port 0 --latency L`` (and ``extra`` options);
+    stop it with SIGTERM."""
+    cmd = [sys.executable, "-m", "spasm.testing.server", "--port", "0", "--latency", str(latency),
+           *extra]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
     proc = subprocess.Popen(

@@ -132,3 +132,9 @@ def test_bad_tool_modules_are_config_errors_naming_file_and_line(tmp_path: Path)
         load_tools([str(empty)])
     with pytest.raises(ConfigError, match="cannot import it"):
         load_tools(["no_such_module_here"])
+
+
+def test_a_tool_a_plugin_registered_is_named_by_its_name() -> None:
+    # A plugin registers by importing a module that uses the decorator (as this module did).
+    tools = load_tools(["cancel_order", "check_app"])
+    assert set(tools) == {"cancel_order", "check_app"} and tools["check_app"].owner == ("client",)

@@ -222,3 +222,79 @@ def test_bad_input_is_exit_2_before_any_call_naming_file_and_line(
     if "scenario" in change or "world" in change:
         assert "line" in err
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+
+def test_prompted_mode_asks_for_a_message_or_calls_through_the_structured_path(
+    tmp_path: Path,
+) -> None:
+    def reply(body: dict[str, Any]) -> str | dict[str, Any]:
+        if body.get("response_format") is None:
+            return _client(body)
+        assert "tools" not in body  # prompted: the tools are in the frame, not the request
+        if body["messages"][-1]["content"].startswith("Result of cancel_order"):
+            return json.dumps({"message": "Done: order 4471 is cancelled, refund on its way."})
+        return json.dumps({"tool_calls": [{"name": "cancel_order",
+                                           "arguments": {"order_id": "4471"}}]})
+
+    with TestServer(reply=reply) as srv:
+        data = _config(srv.base_url, tmp_path)
+        data["backends"]["agent"] = {"kind": "openai", "base_url": srv.base_url, "model": "m",
+                                     "tool_mode": "prompted", "structured_output": "json_object"}
+        summary = _generate(data, tmp_path / "run")
+        bodies = srv.requests
+    assert summary.completed == summary.planned == 2, summary.line()
+    prompted = [b for b in bodies if b.get("response_format")]
+    assert prompted and "Your tools:" in prompted[0]["messages"][0]["content"]
+    assert all(m["role"] != "tool" for b in prompted for m in b["messages"])
+    run = open_run(tmp_path / "run")
+    results = run.df("events").query("kind == 'tool_result'")
+    assert set(results.tool) == {"cancel_order"} and results.error.isna().all()
+    turns = run.turns
+    assert "refund on its way" in " ".join(turns[turns.speaker == "responder"].text)
+    view = run.dialogue(run.dialogues.dialogue_id[0])
+    assert all(view.seen(i).verified for i in range(len(view.turns)))
+
+
+def test_a_group_run_with_tools_keeps_each_seats_actions_to_what_it_may_see(
+    tmp_path: Path,
+) -> None:
+    def reply(body: dict[str, Any]) -> str | dict[str, Any]:
+        tools = {t["function"]["name"] for t in body.get("tools") or []}
+        if body["messages"][-1]["role"] == "tool" or not tools:
+            return "Thanks, let us see. Order 4471, please."
+        if "check_app" in tools:
+            return {"tool_calls": [{"name": "check_app", "arguments": {}}]}
+        return {"tool_calls": [{"name": "find_order", "arguments": {"order_id": "4471"}}]}
+
+    with TestServer(reply=reply) as srv:
+        data = _config(srv.base_url, tmp_path, conditions=["ecp", "quoted"])
+        data["backends"] = {"srv": {"kind": "openai", "base_url": srv.base_url, "model": "m"}}
+        data.pop("pairings")
+        data["participants"] = [{"id": "Ana", "role": "client", "backend": "srv"},
+                                {"id": "Ben", "role": "client", "backend": "srv"},
+                                {"id": "Helper", "role": "responder", "backend": "srv"}]
+        data["group"] = {"max_utterances": 6, "dialogues": 1}
+        data["personas"] = {"n": 2}
+        data["scenarios"][0]["tools"] = ["find_order", "check_app"]
+        for key in ("reference_actions", "success"):
+            data["scenarios"][0].pop(key)
+        summary = _generate(data, tmp_path / "run")
+    assert summary.completed == summary.planned == 2, summary.line()
+    run = open_run(tmp_path / "run")
+    events = run.df("events")
+    assert set(events.actor) == {"Ana", "Ben", "Helper"}  # client seats act too (dual control)
+    checked = 0
+    for dialogue_id in run.dialogues.dialogue_id:
+        view = run.dialogue(dialogue_id)
+        for i, t in enumerate(view.turns):
+            seen = view.seen(i)
+            assert seen.verified is True
+            frame = json.dumps(seen.messages)
+            for e in view.events:
+                if e["turn_index"] >= i:
+                    continue
+                visible = t["speaker"] == e["actor"] or t["speaker"] in json.loads(e["visible_to"])
+                if not visible and e["kind"] == "tool_result" and e["tool"] == "find_order":
+                    assert "39.9" not in frame  # another seat's result (what was paid)
+                    checked += 1
+    assert checked > 0

@@ -51,6 +51,7 @@ __all__ = [
     "OUTCOMES",
     "FaultPlan",
     "TestServer",
+    "call_first_tool",
     "default_reply",
     "embed",
     "instance_from_schema",
@@ -223,6 +224,20 @@ class TestServer:
 # ---------------------------------------------------------------------------------------
 
 
+def call_first_tool(body: dict[str, Any]) -> str | dict[str, Any]:
+    """A reply callable for runs with tools (``--call-tools``): a request that offers tools and
+    does not end in a ``tool`` message calls the first tool offered, with an instance of its
+    parameters' schema; every other request gets :func:`default_reply`. So each acting turn
+    takes exactly one tool step (the tools benchmark)."""
+    tools = body.get("tools") or []
+    messages = body.get("messages") or []
+    if tools and (not messages or messages[-1].get("role") != "tool"):
+        fn = tools[0]["function"]
+        return {"tool_calls": [{"name": fn["name"],
+                                "arguments": instance_from_schema(fn.get("parameters") or {})}]}
+    return default_reply(body)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m spasm.testing.server",
@@ -248,6 +263,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reject-format", action="append", choices=FORMATS, default=[],
                    help="refuse this structured-output format with HTTP 500 (repeatable)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--call-tools", action="store_true",
+                   help="a request offering tools calls the first one once per turn (call_first_tool)")
     return p
 
 
@@ -277,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except pydantic.ValidationError as exc:
         print(f"error: invalid fault plan:\n{exc}", file=sys.stderr)
         return 2
-    server = TestServer(plan, host=args.host, port=args.port, models=args.models or ["test-model"],
+    server = TestServer(plan, call_first_tool if args.call_tools else None, host=args.host,
+                        port=args.port, models=args.models or ["test-model"],
                         reject_formats=args.reject_format)
     try:
         server.start()
