@@ -40,6 +40,8 @@ TERMINATION = _Termination()
 def interrupted(saved_in: Path) -> int:
     """Say how to resume a run stopped by Ctrl-C or SIGTERM; returns its exit code (130, 143)."""
     term = TERMINATION.by_sigterm
-    print(f"\n{'Stopped by SIGTERM' if term else 'Interrupted'}. Completed dialogues are "
-          f"saved in {saved_in}. Run the same command again to resume.", file=sys.stderr)
+    saved = (f"Completed dialogues are saved in {saved_in}. Run the same command again to "
+             "resume." if saved_in.exists() else f"Nothing was written ({saved_in} was not "
+             "created).")
+    print(f"\n{'Stopped by SIGTERM' if term else 'Interrupted'}. {saved}", file=sys.stderr)
     return RUN_EXIT["terminated" if term else "interrupted"]

@@ -106,6 +106,9 @@ def _load_one(ep: metadata.EntryPoint, plugin: Plugin) -> None:
             obj()
     except PluginError:
         raise
+    except SystemExit as exc:  # sys.exit() at import: the plugin's, never spasm exiting with it
+        raise PluginError(f"{what} called sys.exit({exc.code!r}) while loading{_where(exc)}: a "
+                          f"plugin must not exit.{fix}") from None
     except Exception as exc:  # a plugin's bug is the plugin's: name it, not spasm's frames
         raise PluginError(f"{what} failed to load: {type(exc).__name__}: {exc}{_where(exc)}.{fix}"
                           ) from exc

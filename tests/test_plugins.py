@@ -191,6 +191,11 @@ BROKEN = [
      "RuntimeError: no licence file at .*spasm_demo_broken.py:1"),
     ("VALUE = 3\n", "spasm_demo_broken:VALUE", "is neither a module nor a callable"),
     ("", "spasm_demo_missing", "ModuleNotFoundError: No module named 'spasm_demo_missing'"),
+    # sys.exit() at import was spasm exiting 0 with no output and no dataset.
+    ("import sys\nsys.exit(0)\n", "spasm_demo_broken",
+     r"called sys\.exit\(0\) while loading at .*spasm_demo_broken.py:2: a plugin must not exit"),
+    ("def register():\n    raise SystemExit('bye')\n", "spasm_demo_broken:register",
+     r"called sys\.exit\('bye'\) while loading at .*spasm_demo_broken.py:2"),
 ]
 
 

@@ -34,7 +34,8 @@ not cached unless the config says ``deterministic: true`` (the reply depends on 
 and the seed alone).
 
 The target is imported when the backend is made (at the start of a run, before any call): a
-missing file, module or function is a :class:`~spasm.errors.ConfigError` naming it (exit 2).
+missing file, module or function is a :class:`~spasm.errors.ConfigError` naming it (exit 2), and
+so is a module that calls ``sys.exit()`` while it is imported.
 A file target is loaded as a module of its own (``path/to/file.py``, relative to the working
 directory); a module target must be importable (installed, or on ``PYTHONPATH``).
 """
@@ -119,6 +120,14 @@ def describe_error_site(exc: BaseException) -> str:
     return _where(exc)
 
 
+def exited_on_import(what: str, where: object, exc: SystemExit) -> ConfigError:
+    """The error of a module that called ``sys.exit()`` while spasm imported it (a script's
+    ``main()`` at module level): exit 2 naming it, never spasm exiting with its code."""
+    return ConfigError(
+        f"{what}: importing {where} called sys.exit({exc.code!r}){_where(exc)}: a module spasm "
+        "imports must not exit. Put its script part under `if __name__ == \"__main__\":`.")
+
+
 def _load_file(path: Path, target: str, backend: str) -> Any:
     return load_module_file(path, f"Backend {backend!r}: target {target!r}", wrap=False)
 
@@ -148,6 +157,8 @@ def load_module_file(path: Path, what: str, *, wrap: bool = True) -> Any:
         raise
     except BaseException as exc:
         sys.modules.pop(name, None)
+        if isinstance(exc, SystemExit):
+            raise exited_on_import(what, path, exc) from None
         if wrap and isinstance(exc, Exception):
             raise ConfigError(f"{what}: importing {path} failed: {type(exc).__name__}: {exc}"
                               f"{_where(exc)}") from None
@@ -169,6 +180,9 @@ def load_target(target: str, backend: str = "python") -> Callable[..., Any]:
             module = importlib.import_module(where)
     except ConfigError:
         raise
+    except SystemExit as exc:
+        raise exited_on_import(f"Backend {backend!r}: target {target!r}", repr(where), exc
+                               ) from None
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"Backend {backend!r}: target {target!r}: cannot import {where!r} ({exc}). Install it, "
