@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import pandas as pd
 import pytest
 
 from spasm.cli import main
+from spasm.testing import TestServer
 from tests.conftest import endpoint_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +77,66 @@ def _env() -> dict[str, str]:
 
 def _errors(run: Path) -> pd.DataFrame:
     return pd.read_parquet(run / "errors.parquet")
+
+
+@pytest.mark.parametrize("target, said", [
+    ("blocks", "the call is abandoned: its thread runs on until the function returns"),
+    ("blocks_its_loop", "its event loop has been blocked for"),
+])
+def test_a_blocking_agent_times_out_and_the_command_exits(
+        tmp_path: Path, target: str, said: str) -> None:
+    """Once a plain function's thread was abandoned the process never exited (it waited for
+    it); an async function that blocked spasm's loop hung with no bound at all."""
+    with TestServer() as srv:
+        cfg = _config(tmp_path, srv.base_url, target, timeout_s=1.5, max_attempts=1)
+        run = tmp_path / "run"
+        done = subprocess.run(_generate(cfg, run), capture_output=True, text=True, env=_env(),
+                              timeout=240)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = _errors(run)
+    assert len(errors) == 2 and set(errors.error_type) == {"TimeoutBackendError"}
+    assert all("did not return within timeout_s=1.5s" in m and said in m for m in errors.error)
+
+
+def test_sigterm_while_an_async_agent_blocks_its_loop_stops_cleanly(tmp_path: Path) -> None:
+    with TestServer() as srv:
+        cfg = _config(tmp_path, srv.base_url, "blocks_its_loop", timeout_s=3000, max_attempts=1)
+        run = tmp_path / "run"
+        proc = subprocess.Popen(_generate(cfg, run), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=_env())
+        called = tmp_path / "agents.called"
+        for _ in range(2400):  # until the agent is inside a call (or the command ended)
+            if called.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert called.exists(), proc.communicate(timeout=60)
+        time.sleep(1.5)  # its loop is blocked now, and spasm's is not
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Stopped by SIGTERM" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("target, said", [
+    ("exits", "called sys.exit(0)"), ("exits_async", "called sys.exit(3)"),
+    ("interrupts", "raised KeyboardInterrupt"), ("interrupts_async", "raised KeyboardInterrupt"),
+])
+def test_an_agent_that_exits_or_interrupts_during_a_call_fails_its_dialogues_not_spasm(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, said: str) -> None:
+    with TestServer() as srv:
+        cfg = _config(tmp_path, srv.base_url, target)
+        run = tmp_path / "run"
+        assert main(["generate", "--config", str(cfg), "--out", str(run), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Interrupted" not in err
+    errors = _errors(run)
+    assert len(errors) == 2 and set(errors.error_type) == {"FatalBackendError"}
+    where = f"at {tmp_path / 'agents.py'}:"
+    assert all(said in m and where in m and "spasm does not exit on its behalf" in m
+               for m in errors.error), list(errors.message)
+    calls = pd.read_parquet(run / "calls.parquet")
+    assert (calls[calls.backend == "bot"].attempt == 1).all()  # not retried: it is not transient
 
 
 @pytest.mark.parametrize("kind", ["file", "module"])

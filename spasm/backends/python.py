@@ -19,9 +19,18 @@ It returns the reply text: a ``str``, or, to report its token usage, a mapping o
 with ``text`` and optionally ``prompt_tokens`` and ``completion_tokens``. In a run with tools
 (``context.tools`` lists the ones it may call in this step) it may return
 ``{"tool_calls": [{"name", "arguments"}]}`` instead: the calls run, and the function is called
-again with their results as ``tool`` messages, until it returns text. It may be ``async``;
-a plain function runs in a worker thread (``anyio.to_thread``), so at most ``max_concurrency``
-calls run at once (set ``max_concurrency: 1`` for a function that is not thread-safe).
+again with their results as ``tool`` messages, until it returns text. It may be ``async``.
+
+Your code never runs on spasm's event loop, so no call outlives its bound (``timeout_s``) and
+the process exits when the run is done: a plain function runs in a daemon thread of its own
+per call, at most ``max_concurrency`` at once *counting calls that timed out and are still
+running* (set ``max_concurrency: 1`` for a function that is not thread-safe); an ``async``
+function runs on the backend's own event loop, in a daemon thread, so one that blocks its loop
+(``time.sleep``, blocking I/O) makes its calls time out, says so, and leaves spasm's loop, its
+timeouts and Ctrl-C/SIGTERM working. A call that timed out is abandoned (its thread is never
+waited for). A ``SystemExit`` (``sys.exit()``) or ``KeyboardInterrupt`` your function raises
+is its failure, never spasm's exit: a :class:`~spasm.errors.FatalBackendError` naming where it
+was raised (the dialogue is quarantined).
 
 It is called through :class:`~spasm.calls.Caller` like any backend: the call is limited,
 logged in the ``calls`` table (latency, outcome, tokens when reported) and retried. An exception
@@ -42,22 +51,27 @@ directory); a module target must be importable (installed, or on ``PYTHONPATH``)
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import json
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import anyio
-import anyio.to_thread
+import anyio.from_thread
+import anyio.lowlevel
 
 from spasm.backends.base import Backend, ChatRequest, Completion, ToolCall
 from spasm.backends.registry import register_backend
@@ -227,6 +241,104 @@ def _count(value: Any, name: str, target: str) -> int:
     return value
 
 
+class AgentExit(Exception):
+    """A ``SystemExit`` or ``KeyboardInterrupt`` the agent's function raised during a call,
+    carried as an ordinary exception: it ends that call (the agent's failure), never spasm."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(repr(raised))
+        self.raised = raised
+
+
+def _call_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any],
+               *args: Any) -> None:
+    """Run ``fn(*args)`` (in a thread of its own) and leave the outcome in ``future``."""
+    if not future.set_running_or_notify_cancel():
+        return  # abandoned before it started
+    try:
+        result = fn(*args)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        future.set_exception(AgentExit(exc))
+    except BaseException as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+async def _guarded(awaitable: Awaitable[Any]) -> Any:
+    """Await the agent's coroutine on its own loop; its SystemExit or KeyboardInterrupt would
+    stop that loop (asyncio re-raises them), so they become :class:`AgentExit`."""
+    try:
+        return await awaitable
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise AgentExit(exc) from None
+
+
+class AgentLoop:
+    """An event loop of the agent's own, in a daemon thread: an ``async`` function runs here,
+    so one that blocks its loop never blocks spasm's (whose timeouts then hold). The loop
+    beats every :data:`BEAT_S`, so a call that timed out can tell a blocked loop."""
+
+    BEAT_S = 0.25
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.beat = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name=f"spasm-agent-loop-{name}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._tick)
+        self.loop.run_forever()
+
+    def _tick(self) -> None:
+        self.beat = time.monotonic()
+        self.loop.call_later(self.BEAT_S, self._tick)
+
+    def submit(self, awaitable: Awaitable[Any]) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(_guarded(awaitable), self.loop)
+
+    def blocked_for(self) -> float:
+        """Seconds the loop has not come round (0 when it runs)."""
+        return max(0.0, time.monotonic() - self.beat - self.BEAT_S)
+
+    def stop(self) -> None:
+        """Stop the loop once it comes round (a blocked loop dies with the process)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+async def _outcome(future: concurrent.futures.Future[Any], on_done: Callable[[], None]) -> Any:
+    """Wait for ``future`` without blocking spasm's loop; cancelled (a timeout), the call is
+    abandoned: ``future`` is cancelled if it can be and never waited for. ``on_done`` runs on
+    spasm's loop when the call really ends (even after it was abandoned)."""
+    token = anyio.lowlevel.current_token()
+    here = threading.get_ident()
+    done = anyio.Event()
+
+    def finished() -> None:
+        done.set()
+        on_done()
+
+    def wake(_: concurrent.futures.Future[Any]) -> None:
+        if threading.get_ident() == here:
+            finished()
+            return
+        # RuntimeError: spasm's loop has ended (the run is over, nobody waits for this call).
+        with contextlib.suppress(RuntimeError):
+            anyio.from_thread.run_sync(finished, token=token)
+
+    future.add_done_callback(wake)
+    try:
+        await done.wait()
+    except BaseException:
+        future.cancel()
+        raise
+    return future.result()
+
+
 @register_backend("python")
 class PythonBackend(Backend):
     """Calls a Python function for each reply (see the module docstring)."""
@@ -242,6 +354,10 @@ class PythonBackend(Backend):
         self.cacheable = cfg.deterministic
         self.fn = load_target(cfg.target, name)
         self._async = _is_async(self.fn)
+        #: Threads of plain functions running now, timed-out ones too (see the docstring): a
+        #: limiter of the event loop that made it (a backend may serve more than one run).
+        self._threads: tuple[object, anyio.CapacityLimiter] | None = None
+        self._loop: AgentLoop | None = None
 
     @property
     def identity(self) -> str:
@@ -262,14 +378,52 @@ class PythonBackend(Backend):
             tools=_frozen(list(request.tools)) if request.tools else (),
         )
 
+    def _agent_loop(self) -> AgentLoop:
+        if self._loop is None:
+            self._loop = AgentLoop(self.name)
+        return self._loop
+
     async def _invoke(self, messages: list[dict[str, Any]], context: AgentContext) -> Any:
-        """Call the function: awaited when async, else in a worker thread."""
+        """Call the function off spasm's loop: on the agent's loop when async, else in a daemon
+        thread of its own (see the module docstring)."""
         if self._async:
-            return await self.fn(messages, context)
-        result = await anyio.to_thread.run_sync(self.fn, messages, context, abandon_on_cancel=True)
+            return await _outcome(self._agent_loop().submit(self.fn(messages, context)),
+                                  lambda: None)
+        threads, borrower = self._limiter(), object()
+        await threads.acquire_on_behalf_of(borrower)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            threading.Thread(target=_call_into, args=(future, self.fn, messages, context),
+                             name=f"spasm-agent-{self.name}", daemon=True).start()
+        except BaseException:
+            threads.release_on_behalf_of(borrower)
+            raise
+        result = await _outcome(future, lambda: threads.release_on_behalf_of(borrower))
         if inspect.isawaitable(result):  # a plain callable that hands back a coroutine
-            result = await result
+            result = await _outcome(self._agent_loop().submit(result), lambda: None)
         return result
+
+    def _limiter(self) -> anyio.CapacityLimiter:
+        token = anyio.lowlevel.current_token()
+        if self._threads is None or self._threads[0] is not token.native_token:
+            self._threads = (token.native_token, anyio.CapacityLimiter(self.max_concurrency))
+        return self._threads[1]
+
+    def _late(self) -> str:
+        """What became of a call that did not return in time."""
+        if not self._async:
+            return ("; the call is abandoned: its thread runs on until the function returns, "
+                    "holding one of its max_concurrency slots (spasm never waits for it)")
+        if self._loop is not None and self._loop.blocked_for() >= 1.0:
+            return (f"; its event loop has been blocked for {self._loop.blocked_for():.0f}s (an "
+                    "async function must not call blocking code such as time.sleep or blocking "
+                    "I/O: await it, or make the function a plain one, which runs in a thread)")
+        return ""
+
+    async def aclose(self) -> None:
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
 
     async def complete(self, request: ChatRequest) -> Completion:
         """One call of the function; its failures mapped to :mod:`spasm.errors` classes."""
@@ -282,6 +436,13 @@ class PythonBackend(Backend):
                 result = await self._invoke(messages, self._context(request))
         except TimeoutError as exc:
             raise TimeoutBackendError(f"{self.target} raised TimeoutError: {exc}{_where(exc)}") from exc
+        except AgentExit as exc:
+            raised = exc.raised
+            what = (f"called sys.exit({raised.code!r})" if isinstance(raised, SystemExit)
+                    else f"raised {type(raised).__name__}")
+            raise FatalBackendError(
+                f"{self.target} {what}{_where(raised)} during a call: an agent returns its reply "
+                "or raises an exception; spasm does not exit on its behalf") from None
         except BackendError:
             raise  # the function chose the kind of failure (fatal, rate limited ...)
         except ConnectionError as exc:
@@ -292,7 +453,7 @@ class PythonBackend(Backend):
                 f"{self.target} raised {type(exc).__name__}: {exc}{_where(exc)}") from exc
         if scope.cancelled_caught:
             raise TimeoutBackendError(f"{self.target} did not return within timeout_s="
-                                      f"{self.timeout_s:g}s (backend {self.name!r})")
+                                      f"{self.timeout_s:g}s (backend {self.name!r}){self._late()}")
         return self._completion(result, time.perf_counter() - t0)
 
     def _completion(self, result: Any, latency: float) -> Completion:
