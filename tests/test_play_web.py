@@ -131,3 +131,37 @@ def test_play_pages_are_behind_the_viewers_host_check(run_dir: Path) -> None:
         assert code == 421
         code, _, headers = get(f"{srv.base_url}/play")
         assert code == 200 and "script-src 'self'" in headers["content-security-policy"]
+
+
+def test_take_this_seat_from_turn_t_keeps_the_prefix_and_says_where_it_began(run_dir: Path) -> None:
+    original = open_run(run_dir)
+    did = sorted(original.table("dialogues", ["dialogue_id"]).column(0).to_pylist())[0]
+    before = sorted((t for t in original.table("turns").to_pylist() if t["dialogue_id"] == did),
+                    key=lambda t: t["turn_index"])
+    with ViewerServer(run_dir, extend=add_play_routes) as srv:
+        base = srv.base_url
+        _, page, _ = get(f"{base}/d/{did}")
+        assert f'href="/play/fork/{did}/2"' in page  # the dialogue page offers every turn
+        code, offer, _ = get(f"{base}/play/fork/{did}/2")
+        assert code == 200 and "Take the client's seat from turn 2" in offer
+        h = {"X-Spasm-CSRF": _csrf(base)}
+        assert post(f"{base}/api/play", {"fork": {"dialogue_id": did, "turn": 99}}, h)[0] == 400
+        code, made = post(f"{base}/api/play", {"fork": {"dialogue_id": did, "turn": 2}}, h)
+        assert code == 201, made
+        sid = made["sid"]
+        state = wait_for(base, sid, _turn(2))
+        # The seat sees the original's first two turns, word for word.
+        assert [m["text"] for m in state["messages"][1:]] == [t["text"] for t in before[:2]]
+        assert post(f"{base}/api/play/{sid}/say", {"turn": 2, "text": "Actually, I changed my mind."},
+                    h)[0] == 200
+        wait_for(base, sid, _turn(4))
+        post(f"{base}/api/play/{sid}/end", {}, h)
+        ended = wait_for(base, sid, lambda s: s["status"] == "ended")
+    run = open_run(Path(ended["run"]))
+    (dialogue,) = run.table("dialogues").to_pylist()
+    assert dialogue["forked_from"] == did and dialogue["forked_at"] == 2
+    assert dialogue["persona_id"] == before[0]["dialogue_id"].split("-k")[0]
+    turns = sorted(run.table("turns").to_pylist(), key=lambda t: t["turn_index"])
+    assert [t["text"] for t in turns[:2]] == [t["text"] for t in before[:2]]
+    assert turns[2]["text"] == "Actually, I changed my mind." and turns[2]["speaker"] == "client"
+    assert turns[3]["speaker"] == "responder" and turns[3]["text"] != before[3]["text"]

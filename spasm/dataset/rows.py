@@ -322,6 +322,10 @@ HUMAN_COLUMNS: dict[str, dict[str, Any]] = {
         # goal was met, and a 1-5 rating of the partner; None when not asked or not answered.
         "person_goal_met": (Annotated[bool | None, BOOL], None),
         "person_rating": (OptI32, None),
+        # A dialogue a person took over from another at a turn ("take this seat"): the
+        # original's id and the first turn that is new (the turns before it are the original's).
+        "forked_from": (OptStr, None),
+        "forked_at": (OptI32, None),
     },
     "participants": {
         "kind": (SeatKind, None),

@@ -14,12 +14,15 @@ and harness as ``spasm generate``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spasm.backends import Backend
+from spasm.backends import Backend, ChatRequest, Completion
 from spasm.backends.human import HumanBackend, Person
 from spasm.config import RunConfig, parse_config
 from spasm.engine import Engine
@@ -27,6 +30,7 @@ from spasm.errors import UserError
 from spasm.run_summary import RunSummary
 from spasm.runplan import make_backends
 from spasm.scenarios import run_scenarios
+from spasm.tokens import count_tokens
 
 __all__ = ["PlaySetup", "new_operator", "pick_persona", "play", "play_config", "seat_of"]
 
@@ -157,12 +161,57 @@ def pick_persona(personas: list[dict[str, Any]], wanted: str | None) -> str:
                     f"config; its personas: {', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''}")
 
 
-def play_backends(setup: PlaySetup, person: Person) -> dict[str, Backend]:
-    """The run's backends, the human one answered by ``person``."""
+class PrefixBackend(Backend):
+    """A simulated seat of a forked dialogue: its utterances before the fork are the original
+    dialogue's (``prefix``: turn index -> text), later ones its model's (``inner``)."""
+
+    def __init__(self, inner: Backend, speaker: str, prefix: Mapping[int, str]) -> None:
+        self.inner, self.speaker, self.prefix = inner, speaker, dict(prefix)
+        self.name, self.model = inner.name, inner.model
+        self.max_concurrency, self.cacheable = inner.max_concurrency, inner.cacheable
+
+    @property
+    def identity(self) -> str:
+        # Its own cache entries: a prefix turn's request is answered from the original.
+        digest = hashlib.sha256(json.dumps(sorted(self.prefix.items())).encode()).hexdigest()[:12]
+        return f"prefix-{digest}:{self.inner.identity}"
+
+    async def complete(self, request: ChatRequest) -> Completion:
+        ctx = request.context
+        if (ctx is not None and ctx.speaker == self.speaker and ctx.turn_index in self.prefix
+                and request.json_schema is None):
+            text = self.prefix[ctx.turn_index]
+            return Completion(text=text, prompt_tokens=0, completion_tokens=count_tokens(text),
+                              resolved_model=f"{self.model} (the original's turn)")
+        return await self.inner.complete(request)
+
+    async def preflight(self) -> None:
+        await self.inner.preflight()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def play_backends(setup: PlaySetup, person: Person,
+                  prefix: Mapping[str, Mapping[int, str]] | None = None) -> dict[str, Backend]:
+    """The run's backends, the human one answered by ``person``; with ``prefix`` (a fork: each
+    simulated speaker's utterances before the fork), those seats replay them first."""
     backends = make_backends(setup.config)
     backends[setup.backend] = HumanBackend(setup.backend, setup.config.backends[setup.backend],
                                            person)
+    for speaker, turns in (prefix or {}).items():
+        if speaker == setup.seat or not turns:
+            continue
+        name = _seat_backend(setup.config, speaker)
+        backends[name] = PrefixBackend(backends[name], speaker, turns)
     return backends
+
+
+def _seat_backend(config: RunConfig, speaker: str) -> str:
+    if config.participants is not None:
+        return next(p.backend for p in config.participants if p.id == speaker)
+    pairing = config.pairing_list[0]
+    return pairing.client if speaker == "client" else pairing.responder
 
 
 async def personas_of(config: RunConfig, out: Path) -> list[dict[str, Any]]:
@@ -173,8 +222,10 @@ async def personas_of(config: RunConfig, out: Path) -> list[dict[str, Any]]:
     return drawn.accepted
 
 
-async def play(setup: PlaySetup, person: Person, out: Path, *, overwrite: bool = False) -> RunSummary:
-    """Run the played dialogue into ``out`` (resumed when ``out`` holds it unfinished)."""
+async def play(setup: PlaySetup, person: Person, out: Path, *, overwrite: bool = False,
+               prefix: Mapping[str, Mapping[int, str]] | None = None) -> RunSummary:
+    """Run the played dialogue into ``out`` (resumed when ``out`` holds it unfinished); a fork
+    replays ``prefix`` (each simulated speaker's original utterances before the fork)."""
     engine = Engine(setup.config, out, overwrite=overwrite, progress=False,
-                    backends=play_backends(setup, person))
+                    backends=play_backends(setup, person, prefix))
     return await engine.run()

@@ -46,7 +46,7 @@ from spasm.config import RunConfig, parse_config
 from spasm.dataset.files import atomic_write_json
 from spasm.errors import ParticipantLeft, SpasmError, UserError
 from spasm.scenarios import run_scenarios
-from spasm.viewer.state import NotFound, ViewerState, json_response
+from spasm.viewer.state import NotFound, ViewerState, json_response, valid_id
 
 __all__ = ["Desk", "add_play_routes"]
 
@@ -131,7 +131,11 @@ class WebSession:
             setup = play_config(self.desk.config, r["seat"], persona_id=r.get("persona_id"),
                                 scenario=r.get("scenario"), condition=r.get("condition"),
                                 operator=r["operator"], interface="web")
-            summary = anyio.run(play, setup, _WebPerson(self), self.dir / "run")
+            prefix: dict[str, dict[int, str]] = {}
+            for turn, speaker, text in r.get("prefix") or []:
+                prefix.setdefault(speaker, {})[int(turn)] = text
+            summary = anyio.run(lambda: play(setup, _WebPerson(self), self.dir / "run",
+                                             prefix=prefix))
         except _Closing:
             return
         except (SpasmError, OSError) as exc:
@@ -208,7 +212,9 @@ class _WebPerson:
 
     async def debrief(self, dialogue_id: str, goal: str | None, transcript: Any,
                       reason: str) -> dict[str, Any]:
-        return {}  # the page does not ask (yet): the terminal does
+        # The page does not ask for a verdict (the terminal does); a fork says where it began.
+        fork = self.s.record.get("forked_from")
+        return {} if not fork else {"forked_from": fork["dialogue_id"], "forked_at": fork["turn"]}
 
 
 def _message(m: Message, speaker: str, opening: bool) -> dict[str, str]:
@@ -262,11 +268,32 @@ class Desk:
         if not hmac.compare_digest(given.encode(), self.csrf.encode()):
             raise _Forbidden
 
+    def fork_of(self, dialogue_id: str, turn: int) -> dict[str, Any]:
+        """What a fork of ``dialogue_id`` at ``turn`` keeps: the seat of that turn's speaker,
+        the dialogue's persona, scenario and condition, and the utterances before it."""
+        from spasm.dataset import open_run
+
+        view = open_run(self.run_dir, verify=False).dialogue(dialogue_id)
+        if view.participants:
+            raise UserError("a group dialogue cannot be forked yet; start a new session")
+        turns = sorted(view.turns, key=lambda t: t["turn_index"])
+        if not 0 <= turn < len(turns):
+            raise UserError(f"turn {turn}: {dialogue_id} has turns 0 to {len(turns) - 1}")
+        row = view.row
+        return {"seat": turns[turn]["speaker"], "persona_id": row["persona_id"],
+                "scenario": row.get("scenario_id"), "condition": row["condition"],
+                "prefix": [[t["turn_index"], t["speaker"], t["text"]] for t in turns[:turn]],
+                "forked_from": {"dialogue_id": dialogue_id, "turn": turn}}
+
     def new(self, seat: str, persona_id: str | None, scenario: str | None,
-            condition: str | None, operator: str | None) -> WebSession:
+            condition: str | None, operator: str | None,
+            fork: dict[str, Any] | None = None) -> WebSession:
         from spasm.play.session import new_operator, pick_persona, play_config, seat_of
 
         config = self.config
+        if fork is not None:
+            seat, persona_id = fork["seat"], fork["persona_id"]
+            scenario, condition = fork["scenario"], fork["condition"]
         seat = seat_of(config, seat)
         if config.participants is None:  # the run's own personas (a group draws its seats)
             persona_id = pick_persona(self.personas(), persona_id)
@@ -288,6 +315,12 @@ class Desk:
                 "sid": sid, "seat": seat, "persona_id": persona_id, "scenario": scenario,
                 "condition": condition, "operator": operator or new_operator(),
                 "created_at": _now(), "lines": [], "ended": None, "finished": None}
+            if fork is not None:  # the person's own turns before the fork are theirs already
+                record["prefix"] = fork["prefix"]
+                record["forked_from"] = fork["forked_from"]
+                record["lines"] = [{"turn": i, "text": text, "typing_ms": None, "edits": None,
+                                    "pasted_chars": None, "at": None, "prefix": True}
+                                   for i, speaker, text in fork["prefix"] if speaker == seat]
             session = WebSession(self, sid, record)
             session.save()
             self.sessions[sid] = session
@@ -335,6 +368,7 @@ def add_play_routes(app: FastAPI, viewer: ViewerState) -> None:
                                            PackageLoader("spasm.viewer", "templates")]),
                       autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.globals.update(viewer.env.globals)
+    viewer.env.globals["play_links"] = config is not None  # "take this seat" on dialogue pages
 
     def page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(template).render(csrf=desk.csrf, **context),
@@ -423,13 +457,27 @@ def add_play_routes(app: FastAPI, viewer: ViewerState) -> None:
     def play_state(sid: str) -> Response:
         return json_response(desk.get(sid).state())
 
+    @app.get("/play/fork/{dialogue_id}/{turn}")
+    def play_fork(dialogue_id: str, turn: int) -> Response:
+        fork = desk.fork_of(valid_id(dialogue_id), turn)
+        return page("play_fork.html", dialogue_id=dialogue_id, turn=turn, fork=fork)
+
     @app.post("/api/play")
     async def play_new(request: Request) -> Response:
         data = await body(request)
         seat = _opt_str(data, "seat") or "client"
+        fork = None
+        if data.get("fork") is not None:
+            raw = data["fork"]
+            if not isinstance(raw, dict):
+                raise UserError("fork: {dialogue_id, turn}")
+            did, turn = _opt_str(raw, "dialogue_id"), _opt_int(raw, "turn")
+            if did is None or turn is None:
+                raise UserError("fork: {dialogue_id, turn}")
+            fork = await anyio.to_thread.run_sync(desk.fork_of, valid_id(did), turn)
         session = await anyio.to_thread.run_sync(
             lambda: desk.new(seat, _opt_str(data, "persona"), _opt_str(data, "scenario"),
-                             _opt_str(data, "condition"), _opt_str(data, "operator")))
+                             _opt_str(data, "condition"), _opt_str(data, "operator"), fork))
         return json_response({"sid": session.sid, "url": f"/play/{session.sid}"}, 201)
 
     @app.post("/api/play/{sid}/say")

@@ -28,6 +28,19 @@
     });
   }
 
+  // -- /play/fork/<dialogue>/<turn>: take a seat from a turn of a dialogue
+  const fork = $("#play-fork");
+  if (fork) {
+    fork.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const r = await post("/api/play", {
+        operator: String(new FormData(fork).get("operator") || ""),
+        fork: {dialogue_id: fork.dataset.dialogue, turn: Number(fork.dataset.turn)},
+      });
+      if (r.ok) { window.location.href = r.body.url; } else { $("#play-error").textContent = r.body.error || "failed"; }
+    });
+  }
+
   // -- /play/<id>: the conversation
   const box = $("#play");
   if (!box) return;
