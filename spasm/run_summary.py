@@ -59,6 +59,10 @@ class RunSummary:
     #: (round robin chose instead).
     goal_unjudged: int = 0
     moderator_fallbacks: int = 0
+    #: A run with tools: prompted tool steps whose reply never parsed (the turn spoke
+    #: instead), and turns that used every tool step (``dialogues.reward_detail``).
+    tool_fallbacks: int = 0
+    tool_capped: int = 0
 
     def add(self, result: DialogueResult) -> bool:
         """Count one dialogue's result; ``True`` when it completed, ``False`` when it was
@@ -79,6 +83,11 @@ class RunSummary:
             self.goal_unjudged += 1
         self.moderator_fallbacks += sum(
             1 for t in result.turns if is_moderator_fallback(getattr(t, "next_speaker_reason", None)))
+        detail = getattr(result.dialogue, "reward_detail", None)
+        if detail:
+            counts = json.loads(detail)
+            self.tool_fallbacks += int(counts.get("prompted_fallbacks", 0))
+            self.tool_capped += int(counts.get("turns_at_step_cap", 0))
         level = result.dialogue.harness_level
         fallbacks = sum(t.harness_fallbacks for t in result.turns)
         self.harness_fallbacks += fallbacks
@@ -130,6 +139,16 @@ class RunSummary:
                 f"the llm moderator gave no usable answer {self.moderator_fallbacks} time(s); "
                 "round robin chose those speakers (turns.next_speaker_reason says which). Set "
                 "group.moderator_backend to a model that follows a JSON schema.")
+        if self.tool_fallbacks:
+            out.append(
+                f"{self.tool_fallbacks} prompted tool step(s) gave no usable reply; those turns "
+                "spoke without acting (dialogues.reward_detail.prompted_fallbacks says where). "
+                "Use tool_mode: native, or a model that follows a JSON schema.")
+        if self.tool_capped:
+            out.append(
+                f"{self.tool_capped} turn(s) used every tool step and were asked to speak "
+                "without tools (reward_detail.turns_at_step_cap); raise dialogue.max_tool_steps "
+                "if the agents need more.")
         return out
 
     def line(self) -> str:

@@ -259,6 +259,9 @@ def tool(
             mutates=mutates, visible_to=vis, notice=notice, timeout_s=float(timeout_s),
             where=where,
         )
+        # The registry tells a plugin's registration from spasm's own by the module: the
+        # function's, so a plugin's tool cannot shadow another plugin's name silently.
+        object.__setattr__(t, "__module__", getattr(f, "__module__", None) or "")
         TOOLS.register(tool_name)(t)
         return t
 

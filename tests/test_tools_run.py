@@ -56,9 +56,15 @@ def test_a_python_responder_acts_on_the_world_and_the_run_records_it(tmp_path: P
         summary = _generate(_config(srv.base_url, tmp_path, conditions=["ecp", "quoted"]),
                             tmp_path / "run")
     assert summary.completed == summary.planned == 4, summary.line()
+    # Under quoted the bot sees its results as lines, not tool messages, and keeps looking the
+    # order up until the step cap: counted and said, not silent.
+    assert any("used every tool step" in w for w in summary.warnings())
     run = open_run(tmp_path / "run")
     dialogues = run.dialogues.set_index("dialogue_id")
     ecp = next(i for i in dialogues.index if i.endswith("-ecp"))
+    quoted = next(i for i in dialogues.index if i.endswith("-quoted"))
+    assert json.loads(dialogues.loc[quoted, "reward_detail"])["turns_at_step_cap"] > 0
+    assert json.loads(dialogues.loc[ecp, "reward_detail"])["turns_at_step_cap"] == 0
     # The agent found the order, cancelled and refunded it: the world is the gold world.
     assert dialogues.loc[ecp, "world_match"] is True or dialogues.loc[ecp, "world_match"] == True  # noqa: E712
     assert dialogues.loc[ecp, "reward"] == 1.0

@@ -10,6 +10,11 @@ spasm calls it once per tool step (``kind: python``)::
 it is called again with its calls as an ``assistant`` message and their results as ``tool``
 messages after it. It returns text to speak. What the customer sees of its actions is the
 tools' business: ``find_order`` and ``cancel_order`` show a notice, ``refund`` is seen by all.
+
+It reads its results from the ``tool`` messages, which only ECP gives (examples/shop/config.yaml
+runs ``ecp``): under ``quoted`` and ``concat`` an agent's own calls and results are lines of
+the transcript, and this bot would look the order up until ``dialogue.max_tool_steps``, which
+the run counts and says (``reward_detail.turns_at_step_cap``).
 """
 
 from __future__ import annotations
