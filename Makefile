@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (see README):
 #   make run    set up .venv and generate the default dataset on the embedded model (no key)
 #   make test   set up .venv and run ruff, mypy and the test suite
+#   make fast   the tests not marked e2e (the quick loop while changing the code)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ ifneq ($(TIKTOKEN_DIR),)
 export TIKTOKEN_CACHE_DIR ?= $(abspath $(TIKTOKEN_DIR))
 endif
 
-.PHONY: setup run test lint
+.PHONY: setup run test fast lint
 
 $(BIN)/spasm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +31,6 @@ lint: setup
 
 test: lint
 	$(BIN)/pytest -q
+
+fast: setup
+	$(BIN)/pytest -q -m "not e2e"

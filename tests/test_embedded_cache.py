@@ -26,6 +26,8 @@ from spasm.engine import Engine
 from spasm.history import History, Speaker
 from spasm.projection import Viewer, project
 
+pytestmark = pytest.mark.e2e
+
 CARD = "You are Sam, 41, a plumber. Your parcel is two weeks late and you want a refund."
 
 

@@ -36,6 +36,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthesize_run(tmp_path_factory.mktemp("eval") / "run", n_dialogues=48, n_personas=6)
 
 
+@pytest.mark.e2e
 def test_eval_writes_metrics_and_a_report_with_its_figures(
     small_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -64,6 +65,7 @@ def test_eval_writes_metrics_and_a_report_with_its_figures(
     assert list((small_run / "eval" / "embeddings-cache").rglob("shard-*.npz"))
 
 
+@pytest.mark.e2e
 def test_compare_prints_the_tables(small_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if not (small_run / "eval" / "metrics.json").exists():
         _run_cli(["eval", str(small_run), "--no-progress"])
@@ -74,6 +76,7 @@ def test_compare_prints_the_tables(small_run: Path, capsys: pytest.CaptureFixtur
     assert "gpt/deepseek" in out
 
 
+@pytest.mark.e2e
 def test_compare_computes_missing_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert _run_cli(["import", str(SAMPLE), "--out", str(run), "--pairing", "a/b"]) == 0
@@ -156,6 +159,7 @@ def test_main_cli_turns_user_errors_into_exit_code_2(
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_tables_as_part_directories_and_no_ok_dialogue(tmp_path: Path) -> None:
     """Runs store tables as directories of part files; a run with only failed dialogues
     still evaluates (empty figures, notes) instead of crashing."""

@@ -130,9 +130,16 @@ def _cli(argv: list[str]) -> int:
     return code
 
 
-def test_eval_writes_compare_json_and_a_forest_plot(tmp_path: Path) -> None:
-    run = _run(tmp_path)
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The constructed run, evaluated once for the tests that only read its evaluation."""
+    run = _run(tmp_path_factory.mktemp("compare"))
     evaluate(run, embedder="lookup", progress=False)
+    return run
+
+
+def test_eval_writes_compare_json_and_a_forest_plot(evaluated: Path) -> None:
+    run = evaluated
     saved = load_comparison(run / "eval" / "compare.json")
     polite = next(c for c in saved.contrasts if c.metric == "politeness_client" and c.pairing == "all")
     # Every CONCAT Client turn is polite, no ECP one is: Δ = 0 − 1 for all four pairs.
@@ -143,6 +150,7 @@ def test_eval_writes_compare_json_and_a_forest_plot(tmp_path: Path) -> None:
     assert "Every metric, paired" in html and "forest" in html.lower()
 
 
+@pytest.mark.e2e
 def test_compare_cli_prints_every_metric_and_writes_compare_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,8 +162,6 @@ def test_compare_cli_prints_every_metric_and_writes_compare_json(
     assert data["baseline"] == "concat" and data["correction"] == "holm"
 
 
-def test_compare_cli_rejects_an_unknown_baseline(tmp_path: Path) -> None:
-    run = _run(tmp_path)
-    evaluate(run, embedder="lookup", progress=False)
+def test_compare_cli_rejects_an_unknown_baseline(evaluated: Path) -> None:
     with pytest.raises(UserError, match="not a condition"):
-        _cli(["compare", str(run), "--embedder", "lookup", "--baseline", "nope"])
+        _cli(["compare", str(evaluated), "--embedder", "lookup", "--baseline", "nope"])

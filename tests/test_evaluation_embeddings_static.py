@@ -1,14 +1,16 @@
 """The static embedder: a model2vec-style distillation of the packaged MiniLM, its on-disk
 table cache, and `spasm eval --embedder static` end to end.
 
-The table is distilled once per session from the real packaged model (about 20-35 s on the
-project's 2-core machines: every vocabulary token through the ONNX model), into a temporary
-``$SPASM_CACHE_DIR``; every other test reads it from there.
+The table is distilled from the real packaged model (about 20-35 s on the project's 2-core
+machines: every vocabulary token through the ONNX model) at most once per session, into a
+``$SPASM_CACHE_DIR`` kept in pytest's cache while the embeddings module is unchanged; every other
+test reads it from there, and the tests that rebuild a table work on a copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -29,16 +31,23 @@ from spasm.evaluation.embeddings import (
     static_cache_dir,
 )
 
+pytestmark = pytest.mark.e2e
+
 NAME = f"static:{LOCAL_MODEL_ID}-distilled-pca256"
 
 
 @pytest.fixture(scope="session")
-def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ``$SPASM_CACHE_DIR`` holding the table distilled from the real model (built once)."""
-    root = tmp_path_factory.mktemp("spasm-cache")
+def cache_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``$SPASM_CACHE_DIR`` holding the table distilled from the real model: built at most
+    once per session, and kept in pytest's cache for the next sessions under a digest of the
+    embeddings module's source (any change to the recipe's code distills it again)."""
+    digest = hashlib.sha256(Path(embeddings.__file__).read_bytes()).hexdigest()[:16]
+    cache = request.config.cache  # None with -p no:cacheprovider: a table for this session only
+    root = (cache.mkdir(f"spasm-static-embedder-{digest}") if cache is not None
+            else tmp_path_factory.mktemp("spasm-cache"))
     built = StaticEmbedder(cache_dir=root / "static-embedder")
     built.embed(["warm up"])
-    assert built.distilled and built.table_path is not None and built.table_path.is_file()
+    assert built.table_path is not None and built.table_path.is_file()
     return root
 
 

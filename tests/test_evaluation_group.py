@@ -302,6 +302,7 @@ def _cli(argv: list[str]) -> int:
     return code
 
 
+@pytest.mark.e2e
 def test_spasm_eval_reports_role_confusion_of_a_group_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -359,6 +360,7 @@ def test_spasm_eval_reports_role_confusion_of_a_group_run(
     assert "Group role confusion" in printed and "group_loop" in printed
 
 
+@pytest.mark.e2e
 def test_a_two_party_run_gets_no_group_columns(tmp_path: Path) -> None:
     from spasm.dataset.synthetic import write_run
 

@@ -31,6 +31,8 @@ from spasm.testing import TestServer
 from tests.conftest import endpoint_config
 from tests.test_group import _group_data
 
+pytestmark = pytest.mark.e2e
+
 register_embedder("lookup", LookupEmbedder)
 
 SEATS = ["Ana", "Ben", "Carla", "Facilitator"]

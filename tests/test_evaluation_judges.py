@@ -110,6 +110,7 @@ def _generate(tmp_path: Path, base_url: str) -> Path:
     return run
 
 
+@pytest.mark.e2e
 def test_two_judges_of_two_families_report_results_agreement_and_disagreements(tmp_path: Path) -> None:
     with TestServer(reply=_reply, models=MODELS) as srv:
         run = _generate(tmp_path, srv.base_url)
@@ -167,6 +168,7 @@ def _cli(argv: list[str]) -> int:
     return code
 
 
+@pytest.mark.e2e
 def test_judges_of_one_family_are_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with TestServer(reply=_reply, models=MODELS) as srv:
         run = _generate(tmp_path, srv.base_url)

@@ -39,6 +39,7 @@ def test_expected_language_from_the_persona() -> None:
     assert expected_language({"language": None}) == "en"
 
 
+@pytest.mark.e2e
 def test_a_planted_wrong_language_utterance_is_flagged(tmp_path: Path) -> None:
     planted = [ENGLISH[0], ENGLISH[1], SPANISH, ENGLISH[3]]  # the Client's second turn
     run = write_run(
@@ -63,6 +64,7 @@ def test_a_planted_wrong_language_utterance_is_flagged(tmp_path: Path) -> None:
     assert "Language compliance" in (run / "eval" / "report.html").read_text()
 
 
+@pytest.mark.e2e
 def test_a_spanish_persona_expects_spanish(tmp_path: Path) -> None:
     written = write_run(
         tmp_path / "written",

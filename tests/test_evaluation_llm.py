@@ -56,6 +56,7 @@ def _calls(run: Path) -> pd.DataFrame:
     return pd.read_parquet(run / "calls.parquet")
 
 
+@pytest.mark.e2e
 def test_probe_and_judge_use_the_runs_backend_are_logged_and_cached(tmp_path: Path) -> None:
     with TestServer(reply=structured_reply) as srv:
         run = _generate(tmp_path, srv.base_url)
@@ -104,6 +105,7 @@ def test_probe_and_judge_use_the_runs_backend_are_logged_and_cached(tmp_path: Pa
     assert second["echoing"]["rates"] == first["echoing"]["rates"]
 
 
+@pytest.mark.e2e
 def test_llm_backend_picks_another_backend_of_the_run(tmp_path: Path) -> None:
     with TestServer(reply=structured_reply) as gen, TestServer(reply=structured_reply) as judge:
         backends = {
@@ -122,6 +124,7 @@ def test_llm_backend_picks_another_backend_of_the_run(tmp_path: Path) -> None:
         _eval([str(run), "--judge", "--llm-backend", "nope"])
 
 
+@pytest.mark.e2e
 def test_endpoint_flags_on_an_imported_run(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", [{"persona_id": "p1", "card": "A customer."}],
                     [{"dialogue_id": "d1", "persona_id": "p1", "texts": ["hi", "hello", "bye"]}])
@@ -175,6 +178,7 @@ def test_missing_key_a_locked_run_and_an_unreachable_endpoint_fail_at_once(
         _eval([str(run), "--judge", "--llm-base-url", url, "--llm-model", "m", "--llm-api-key-env", "none"])
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_probe_and_judge_on_the_embedded_model(tmp_path: Path) -> None:
     """One client turn probed and judged in-process (~3 short calls), then replayed from the cache."""

@@ -85,6 +85,7 @@ def test_onset_curve_is_the_cumulative_share_of_the_groups_dialogues() -> None:
     assert ecp.share_by_turn == [0.0] * 6 and ecp.median_onset is None
 
 
+@pytest.mark.e2e
 def test_eval_writes_per_turn_evidence_and_onset_curves(tmp_path: Path) -> None:
     personas = [{"persona_id": "p0", "card": "A parent with a flaky router."}]
     run = write_run(

@@ -137,6 +137,7 @@ def _texts(client: list[str]) -> list[str]:
     return out
 
 
+@pytest.mark.e2e
 def test_eval_writes_realism_values_and_z_scores_against_a_reference(tmp_path: Path) -> None:
     # Reference: the Client's politeness is 0, 1/2, 1 across three dialogues (mean 1/2, sd 1/2).
     ref_clients = [

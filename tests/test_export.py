@@ -197,6 +197,7 @@ def test_kept_findings_are_trained_with_weight_zero(planted: Path, tmp_path: Pat
 
 # --------------------------------------------------------------------------- hf and splits
 
+@pytest.mark.e2e
 def test_hf_export_loads_with_datasets_and_no_persona_is_in_two_splits(forty: Path, tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     out = tmp_path / "out"

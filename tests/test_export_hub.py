@@ -20,6 +20,8 @@ import yaml
 from spasm.cli import main
 from spasm.dataset.synthetic import synthesize_run
 
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip("huggingface_hub")
 
 TOKEN = "hf_test_token_123"

@@ -15,6 +15,8 @@ import yaml
 
 from spasm.cli import main
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 SEED_FILES = {
     "config": (ROOT / "configs" / "smoke.yaml").read_bytes(),

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import anyio
 import pandas as pd
+import pytest
 
 from spasm.config import parse_config
 from spasm.engine import Engine
+
+pytestmark = pytest.mark.e2e
 
 
 def test_embedded_run_in_process(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 import yaml
 
 from spasm.cli import main
@@ -160,6 +161,7 @@ def test_no_key_value_under_the_run_dir(server: Any, tmp_path: Path, monkeypatch
     assert "SPASM_SECRET_KEY" in (run / "config.json").read_text()
 
 
+@pytest.mark.e2e
 def test_pairings_record_their_models(server: Any, tmp_path: Path) -> None:
     data = endpoint_config(server.base_url, personas={"n": 2}, pairings="grid")
     data["backends"] = {

@@ -271,6 +271,7 @@ def _command(cfg: Path, run: Path) -> list[str]:
             "--no-progress"]
 
 
+@pytest.mark.e2e
 def test_a_group_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path: Path) -> None:
     with TestServer(FaultPlan(latency_s=0.04)) as srv:
         data = _group_data(srv.base_url)
@@ -305,6 +306,7 @@ def test_a_group_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path: Pa
     assert len(pd.read_parquet(run / "dialogues.parquet")) == 8
 
 
+@pytest.mark.e2e
 def test_group_shards_merge_into_the_unsharded_run(tmp_path: Path) -> None:
     """A group shard takes every N-th group dialogue and keeps the whole persona set; the
     merged shards equal the unsharded run, table for table."""

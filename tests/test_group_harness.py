@@ -149,6 +149,7 @@ def test_every_client_seat_answers_its_own_persona_probes(group_run: Path) -> No
         assert asked["concern"] == concern, (did, speaker)  # its own persona, not another seat's
 
 
+@pytest.mark.e2e
 def test_persona_consistency_judges_each_client_seat_against_its_own_card(tmp_path: Path) -> None:
     """``spasm eval --consistency`` on a group run: each client seat's lines and probe answers
     go to the judge with that seat's card (one call per seat and measure); the dialogue's score

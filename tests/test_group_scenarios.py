@@ -239,6 +239,7 @@ def test_every_seat_sees_its_part_of_the_scenario_and_the_judge_reads_the_group(
     assert rates[("concat", "late-order")].n == 2 and rates[("ecp", "all")].ci_low is not None
 
 
+@pytest.mark.e2e
 def test_group_goal_success_shows_in_spasm_eval_and_compare(tmp_path: Path) -> None:
     judge = Judge(met=False)
     out = tmp_path / "run"
@@ -297,6 +298,7 @@ def test_the_dry_run_counts_one_goal_judge_call_per_group_dialogue(tmp_path: Pat
     assert dry.planned == 4 and "goal_judge" not in dry.roles
 
 
+@pytest.mark.e2e
 def test_group_shards_with_scenarios_merge_into_the_unsharded_run(tmp_path: Path) -> None:
     judge = Judge(met=True)
     with TestServer(reply=judge) as srv:

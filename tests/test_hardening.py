@@ -40,6 +40,7 @@ def _generate(cfg: Path, run: Path, *extra: str) -> list[str]:
             "--no-progress", *extra]
 
 
+@pytest.mark.e2e
 def test_a_second_writer_exits_2_at_once_naming_the_pid_and_the_dataset_is_a_single_runs(
     tmp_path: Path,
 ) -> None:
@@ -199,6 +200,7 @@ def test_an_endpoint_refusing_every_call_stops_the_run_early_with_its_message(
     assert len(errors) < 8
 
 
+@pytest.mark.e2e
 def test_a_hung_endpoint_with_short_timeout_and_attempts_stops_with_a_message(
     tmp_path: Path
 ) -> None:
@@ -216,6 +218,7 @@ def test_a_hung_endpoint_with_short_timeout_and_attempts_stops_with_a_message(
 # --------------------------------------------------------------------------- signals, files
 
 
+@pytest.mark.e2e
 def test_sigterm_flushes_finished_dialogues_and_the_rerun_matches_an_uninterrupted_run(
     tmp_path: Path,
 ) -> None:

@@ -65,6 +65,7 @@ def _random_name(rng: random.Random) -> str:
     return "".join(rng.choice("-%2Dkd0a_") for _ in range(rng.randint(1, 6)))
 
 
+@pytest.mark.e2e
 def test_dialogue_ids_are_injective_over_random_names_and_parse_back() -> None:
     rng = random.Random(22)
     seen: dict[str, tuple[Any, ...]] = {}
@@ -366,6 +367,7 @@ def test_a_crash_before_the_compacted_marker_is_finished_by_recover(
     assert len(open_run(copy).table("calls")) == len(open_run(small_run).table("calls")) + 1
 
 
+@pytest.mark.e2e
 def test_eval_into_a_run_that_another_process_writes_is_refused(tmp_path: Path) -> None:
     """spasm eval writes eval/ into the run (and its LLM calls into the call log): it takes the
     run lock, so a run another writer holds is refused naming it (exit 2); with --out elsewhere

@@ -371,6 +371,7 @@ def test_eval_with_an_openai_embedder_at_a_non_json_server_is_exit_2(
     assert sorted(p.name for p in run.iterdir()) == before  # no eval/ left behind
 
 
+@pytest.mark.e2e
 def test_the_viewer_reads_old_labels_and_a_foreign_metrics_json_without_a_500(tmp_path: Path) -> None:
     pytest.importorskip("fastapi")
     from spasm.viewer.server import ViewerServer

@@ -140,6 +140,7 @@ def test_generate_overwrite_and_import_force_replace_only_runs_of_their_own(
     assert main(["import", str(sample), "--out", str(imported), "--force"]) == 0
 
 
+@pytest.mark.e2e
 def test_eval_replaces_its_own_output_but_not_someone_elses(run: Path, tmp_path: Path,
                                                             capsys: Any) -> None:
     pytest.importorskip("sklearn")
@@ -163,6 +164,7 @@ def _wait_for(check: Any, proc: subprocess.Popen[str], what: str, timeout: float
         time.sleep(0.01)
 
 
+@pytest.mark.e2e
 def test_a_kill_9_during_generate_overwrite_is_reported_by_status_and_undone_by_a_rerun(
     run: Path, tmp_path: Path, capsys: Any
 ) -> None:
@@ -221,6 +223,7 @@ def test_status_names_a_run_that_only_survives_aside(run: Path, capsys: Any) -> 
     assert f"left the previous run at {aside}" in err and "Traceback" not in err
 
 
+@pytest.mark.e2e
 def test_export_piped_into_head_exits_0_and_writes_the_export(run: Path, tmp_path: Path) -> None:
     out = tmp_path / "export"
     proc = subprocess.Popen([sys.executable, "-m", "spasm", "export", str(run), "--out", str(out)],
@@ -233,6 +236,7 @@ def test_export_piped_into_head_exits_0_and_writes_the_export(run: Path, tmp_pat
     assert (out / "openai" / "train.jsonl").exists()
 
 
+@pytest.mark.e2e
 def test_a_sigterm_while_a_finished_merge_shuts_down_does_not_turn_it_into_143(
     server: TestServer, tmp_path: Path
 ) -> None:
@@ -257,6 +261,7 @@ def test_a_sigterm_while_a_finished_merge_shuts_down_does_not_turn_it_into_143(
     assert done.stdout.startswith("merged 2 shards") and (out / "dialogues.parquet").is_dir()
 
 
+@pytest.mark.e2e
 def test_sigterm_during_executor_ray_exits_143_with_the_resume_hint(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     release = threading.Event()

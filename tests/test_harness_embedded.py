@@ -20,6 +20,8 @@ from spasm.config import parse_config
 from spasm.engine import Engine
 from spasm.harness.level_report import level_report
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("SPASM_SLOW") != "1", reason="set SPASM_SLOW=1 to run")

@@ -25,6 +25,8 @@ from spasm.testing import TestServer
 from spasm.testing.checker_profile import CheckerProfile
 from spasm.testing.usage import Usage
 
+pytestmark = pytest.mark.e2e
+
 LONG = Path(__file__).parent.parent / "configs" / "harness-long.yaml"
 PRICES = {"input_per_1m": 2.0, "output_per_1m": 8.0, "cached_input_per_1m": 0.5}
 _NTH = re.compile(r"message number (\d+) of the (\d+) they have sent so far "

@@ -27,6 +27,8 @@ from spasm.backends.embedded import default_threads, find_smollm2_gguf
 from spasm.engine import Engine
 from tests.conftest import config_from, endpoint_config
 
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip("uvicorn", reason="needs llama-cpp-python[server] (in the dev extra)")
 pytest.importorskip("starlette_context", reason="needs llama-cpp-python[server] (in the dev extra)")
 

@@ -27,6 +27,8 @@ from spasm.testing import FaultPlan, TestServer
 from tests.conftest import endpoint_config
 from tests.test_shards import KEYS, sorted_rows
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from spasm.dataset import open_run
 from spasm.errors import UserError
 from spasm.testing import FaultPlan, TestServer
 from tests.conftest import endpoint_config
+
+pytestmark = pytest.mark.e2e
 
 
 def _command(cfg: Path, run: Path) -> list[str]:

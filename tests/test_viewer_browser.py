@@ -19,6 +19,8 @@ import pytest
 
 from tests.test_viewer_http import ECHO, INJECTION, make_run
 
+pytestmark = pytest.mark.e2e
+
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
     pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does it)",

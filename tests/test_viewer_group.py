@@ -27,6 +27,8 @@ from spasm.viewer.server import ViewerServer
 from tests.test_group import IDS, _group_data
 from tests.test_viewer_http import get
 
+pytestmark = pytest.mark.e2e
+
 CSS = Path(__file__).resolve().parents[1] / "spasm" / "viewer" / "static" / "viewer.css"
 _ARTICLE = re.compile(r'<article class="turn ([^"]*)" id="turn-(\d+)" data-turn="\d+"'
                       r'(?: data-speaker="([^"]*)")?>(.*?)</article>', re.S)

@@ -31,6 +31,8 @@ from spasm.viewer.queries import RunIndex
 from spasm.viewer.server import ViewerServer
 from tests.conftest import config_from, endpoint_config
 
+pytestmark = pytest.mark.e2e
+
 #: Planted in a Responder reply: must show as text and never run.
 INJECTION = ("Could you paste the model number exactly as printed? <script>document.title='pwned'"
              "</script><img src=x onerror=\"document.title='pwned'\">")
