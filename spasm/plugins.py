@@ -1,5 +1,7 @@
-"""Plugins: installed distributions that add backends, projections, termination detectors and
-QA scans through the entry-point group ``spasm.plugins`` (as simonw/llm's plugins do).
+"""Plugins: installed distributions that add to any extension kind of :mod:`spasm.registry`
+(backends, projections, termination detectors, next-speaker policies, tools, export formats,
+QA scans and embedders) through the entry-point group ``spasm.plugins`` (as simonw/llm's
+plugins do).
 
 A plugin declares one entry point or more in its package metadata::
 
@@ -8,15 +10,19 @@ A plugin declares one entry point or more in its package metadata::
     my_other = "my_package.spasm_plugin:register"    # a callable: called with no arguments
 
 and registers with the decorators spasm uses itself: :func:`spasm.backends.register_backend`,
-:func:`spasm.projection.register_projection`, :func:`spasm.termination.register_detector` and
-:func:`spasm.export.register_scan`. A plugin never replaces a name silently: registering a
+:func:`spasm.projection.register_projection`, :func:`spasm.termination.register_detector`,
+:func:`spasm.turn_order.register_next_speaker`, ``@spasm.tool``,
+:func:`spasm.export.register_format`, :func:`spasm.export.register_scan` and
+:func:`spasm.evaluation.register_embedder`. A plugin never replaces a name silently: registering a
 built-in name (the ``openai`` backend, the ``ecp`` projection ...) is refused unless the plugin
 passes ``replace=True`` (then spasm warns on every run that loads it), and two plugins that
 register the same name are refused whatever they pass. Every loaded plugin (entry point,
 distribution, version, what it replaced) is recorded in the run's manifest
 (:func:`plugin_records`). The plugins are loaded once per process, at the CLI's start,
 when an :class:`~spasm.engine.Engine` is made, and on the first look-up of a name no built-in
-has (so a config may name a plugin's backend kind, condition or detector). A plugin that fails
+has, from Python as from the CLI (so a config may name a plugin's backend kind, condition or
+detector, and ``export_run``, ``evaluate`` and ``scan_text`` find a plugin's format, embedder
+and scans: tests/test_plugins.py). A plugin that fails
 to load is a :class:`~spasm.errors.UserError` naming its entry point and distribution (exit 2),
 never a traceback from inside spasm.
 

@@ -1,11 +1,14 @@
-"""Named registries: backends by kind, projections by condition, termination detectors by
+"""Named registries, one per extension kind: backends by kind, projections by condition,
+termination detectors, next-speaker policies, tools, export formats, QA scans and embedders by
 name (a leaf: imports only errors and the plugin loader).
 
 A registry maps a name to an implementation that registers itself with a decorator
-(``@BACKENDS.register("openai")``). The built-in names are listed here with the module that
-implements them, imported only when the implementation is first looked up: so the layers
-that only *check* a name (the config) never import the layers that implement it, and
-importing this module stays cheap. Plugins register the same way, with the same decorators:
+(``@BACKENDS.register("openai")``, or the kind's own ``register_*`` which calls it). The
+built-in names a config may check are listed here with the module that implements them,
+imported only when the implementation is first looked up: so the layers that only *check* a
+name (the config) never import the layers that implement it, and importing this module stays
+cheap. The kinds only their own module looks up (formats, scans, embedders) name that module
+instead (``home``), imported before any look-up. Plugins register the same way, with the same decorators:
 the first look-up of a name that is not known yet loads the installed plugins
 (:func:`spasm.plugins.load_plugins`, once), so a config may name what a plugin registers.
 
@@ -21,15 +24,19 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "BACKENDS",
     "BUILTIN_CONDITIONS",
     "DETECTORS",
+    "EMBEDDERS",
+    "FORMATS",
     "NEXT_SPEAKERS",
     "PROJECTIONS",
+    "SCANS",
     "TOOLS",
     "Registry",
     "condition_rank",
@@ -40,23 +47,29 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Names to implementations; ``builtins`` are modules that register on import."""
+    """Names to implementations; ``builtins`` are modules that register on import, ``home`` the
+    one module that registers every built-in of a kind."""
 
-    def __init__(self, what: str, builtins: dict[str, str] | None = None) -> None:
+    def __init__(self, what: str, builtins: dict[str, str] | None = None, *,
+                 home: str | None = None) -> None:
         self.what = what
         #: Built-in name → the module that registers it on import.
         self._builtins = dict(builtins or {})
+        #: The module that registers this kind's built-ins, imported before any look-up.
+        self._home = home
         self._entries: dict[str, T] = {}
         #: Name → the plugin (its distribution) that registered it; spasm's own are absent.
         self._owners: dict[str, str] = {}
 
-    def register(self, name: str, *, replace: bool = False) -> Callable[[T], T]:
+    def register(self, name: str, *, replace: bool = False, source: object = None) -> Callable[[T], T]:
         """Register an implementation under ``name`` (a decorator); a later one replaces it,
         but a plugin replaces one of spasm's names only with ``replace=True`` and never
-        another plugin's (see the module's docstring)."""
+        another plugin's (see the module's docstring). ``source``: what tells whose the
+        implementation is, when it is a record wrapping the plugin's function (an export
+        format); default the implementation itself."""
 
         def decorate(impl: T) -> T:
-            module = str(getattr(impl, "__module__", None) or "")
+            module = str(getattr(impl if source is None else source, "__module__", None) or "")
             if module != "spasm" and not module.startswith("spasm."):
                 self._claim(name, replace)  # (spasm's own modules may load during a plugin's)
             self._entries[name] = impl
@@ -71,6 +84,7 @@ class Registry(Generic[T]):
         plugin = loading_plugin()
         if plugin is None:
             return  # spasm's own registration, a test's or a script's: replaces as before
+        self._import_home()  # the built-ins first, so a plugin cannot take their names
         owner = self._owners.get(name)
         if owner == plugin.owner:
             return  # the same distribution again (another of its entry points)
@@ -97,11 +111,26 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Every known name (built-in, registered or from a plugin), sorted; imports no
-        built-in implementation."""
+        built-in implementation (but the ``home`` module)."""
+        self._import_home()
         _load_plugins()
         return sorted(set(self._builtins) | set(self._entries))
 
+    def registered(self) -> list[tuple[str, T]]:
+        """Every implementation with its name, in the order they were registered (the
+        built-ins' modules imported and the installed plugins loaded first)."""
+        self._import_home()
+        _load_plugins()
+        for module in dict.fromkeys(self._builtins.values()):
+            importlib.import_module(module)
+        return list(self._entries.items())
+
+    def _import_home(self) -> None:
+        if self._home is not None and self._home not in sys.modules:
+            importlib.import_module(self._home)
+
     def _known(self, name: object) -> bool:
+        self._import_home()
         return name in self._builtins or name in self._entries
 
     def __contains__(self, name: object) -> bool:
@@ -163,6 +192,8 @@ def condition_rank(condition: str) -> tuple[int, str]:
 def ordered_conditions(conditions: Iterable[str]) -> list[str]:
     """``conditions`` without repeats, in reporting order (:func:`condition_rank`)."""
     return sorted(set(conditions), key=condition_rank)
+
+
 #: Next-speaker policies of group dialogues by name (:mod:`spasm.turn_order`): ``group.next_speaker``.
 NEXT_SPEAKERS: Registry[Callable[..., object]] = Registry(
     "next-speaker policy",
@@ -171,3 +202,12 @@ NEXT_SPEAKERS: Registry[Callable[..., object]] = Registry(
 #: Tools by name (:mod:`spasm.tools`): every ``@spasm.tool`` registers here when its module is
 #: imported (a module the config's ``tools:`` names, or a plugin's).
 TOOLS: Registry[object] = Registry("tool")
+#: Export formats by name (:mod:`spasm.export.formats`, ``register_format``): ``spasm export
+#: --format`` and ``export_run``; with no format named, every registered one.
+FORMATS: Registry[Any] = Registry("export format", home="spasm.export.formats")
+#: QA scans by the kind of finding they report (:mod:`spasm.export.scans`, ``register_scan``):
+#: ``spasm qa``, ``scan_run`` and every export run each registered scan, in registration order.
+SCANS: Registry[Callable[..., Any]] = Registry("QA scan", home="spasm.export.scans")
+#: Embedder factories by name (:mod:`spasm.evaluation.embeddings`, ``register_embedder``):
+#: ``spasm eval --embedder`` and ``evaluate(embedder=...)``.
+EMBEDDERS: Registry[Callable[..., Any]] = Registry("embedder", home="spasm.evaluation.embeddings")

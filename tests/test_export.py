@@ -18,6 +18,7 @@ from spasm.errors import UserError
 from spasm.export.pipeline import ExportOptions, export_run
 from spasm.export.scans import ScanContext, redact, scan_text
 from spasm.export.split import assign_splits, parse_split, split_counts
+from spasm.registry import FORMATS
 from tests.test_qa import PLANTS, generate_run
 
 PLACEHOLDER = {"email": "[EMAIL]", "phone": "[PHONE]", "url": "[URL]", "number": "[NUMBER]"}
@@ -365,7 +366,7 @@ def test_a_failure_midway_leaves_no_half_written_output(clean: Path, tmp_path: P
     def broken(example: Any, options: Any) -> dict[str, Any]:
         raise OSError("disk full")
 
-    monkeypatch.setitem(formats._REGISTRY, "hf", formats.ExportFormat("hf", "parquet", broken, "broken"))
+    monkeypatch.setitem(FORMATS._entries, "hf", formats.ExportFormat("hf", "parquet", broken, "broken"))
     with pytest.raises(OSError, match="disk full"):
         export_run(clean, out, ExportOptions(overwrite=True))
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

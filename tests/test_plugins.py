@@ -5,6 +5,7 @@ error naming its entry point (exit 2)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -19,16 +20,23 @@ import spasm.plugins
 from spasm.cli import build_parser, main, resolve_config
 from spasm.config import parse_config
 from spasm.dataset import open_run
+from spasm.dataset.synthetic import synthesize_run
 from spasm.engine import Engine
 from spasm.errors import ConfigError
-from spasm.export import scans
+from spasm.evaluation import evaluate
+from spasm.export.pipeline import ExportOptions, export_run
 from spasm.export.qa import scan_run
+from spasm.export.scans import ScanContext, scan_text
 from spasm.plugins import PluginError, load_plugins
 from spasm.registry import (
     BACKENDS,
     DETECTORS,
+    EMBEDDERS,
+    FORMATS,
     NEXT_SPEAKERS,
     PROJECTIONS,
+    SCANS,
+    TOOLS,
     condition_rank,
     ordered_conditions,
 )
@@ -99,12 +107,12 @@ def install(site: Path, dist: str, module: str, source: str, entry_points: str) 
 def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Registries and the plugin loader as they are now, restored afterwards (so a plugin's
     names never leak into other tests)."""
-    for registry in (BACKENDS, PROJECTIONS, DETECTORS, NEXT_SPEAKERS):
+    for registry in (BACKENDS, PROJECTIONS, DETECTORS, NEXT_SPEAKERS, TOOLS, FORMATS, SCANS, EMBEDDERS):
+        registry._import_home()
         for name in registry._builtins:  # imported now, so a plugin's replace=True (which
             registry.get(name)           # imports the built-in first) registers into the copy
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
         monkeypatch.setattr(registry, "_owners", dict(registry._owners))
-    monkeypatch.setattr(scans, "_SCANS", dict(scans._SCANS))
     monkeypatch.setattr(spasm.plugins, "_loaded", {})
     monkeypatch.setattr(spasm.plugins, "_scanned", False)
     before = set(sys.modules)
@@ -184,6 +192,63 @@ def test_a_plugin_condition_is_named_on_the_command_line_and_sorts_after_the_bui
     assert ordered_conditions(["mirror", "quoted", "concat", "aardvark", "ecp"]) == [
         "ecp", "concat", "quoted", "aardvark", "mirror"]
     assert sorted(["mirror", "quoted"], key=condition_rank) == ["quoted", "mirror"]
+
+
+KINDS = textwrap.dedent('''
+    """A demo plugin of the kinds Python looks up by name: a QA scan, an export format and an
+    embedder."""
+    import hashlib
+
+    import numpy as np
+
+    from spasm.evaluation import register_embedder
+    from spasm.export import register_format, register_scan
+    from spasm.export.scans import Finding
+
+
+    @register_scan("demo_fruit")
+    def fruit(text, ctx):
+        i = text.lower().find("kiwi")
+        return [] if i < 0 else [Finding("demo_fruit", i, i + 4, text[i:i + 4])]
+
+
+    @register_format("demo_lines", layout="jsonl", description="one line of text per dialogue")
+    def demo_lines(example, options):
+        return {"text": " / ".join(m["content"] for m in example.messages)}
+
+
+    @register_embedder("demo_hash")
+    class HashEmbedder:
+        name = "demo-hash"
+
+        def embed(self, texts):
+            digests = [np.frombuffer(hashlib.sha256(t.encode()).digest(), dtype=np.uint8) for t in texts]
+            rows = np.array(digests, dtype=np.float32).reshape(len(texts), 32) - 127.5
+            return (rows / np.linalg.norm(rows, axis=1, keepdims=True).clip(1e-12)).astype(np.float32)
+''')
+
+
+@pytest.mark.parametrize("use", ["scan", "format", "embedder"])
+def test_a_plugins_scan_format_and_embedder_are_found_from_python_without_the_cli(
+        use: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None) -> None:
+    """No CLI and no Engine loads the plugins here: the first look-up of a name (or, for the
+    scans, the first scan of a text) does, as for backends and projections."""
+    install(tmp_path / "site", "spasm-demo-kinds", "spasm_demo_kinds", KINDS, "kinds = spasm_demo_kinds")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    run = synthesize_run(tmp_path / "run", n_dialogues=6, n_personas=2)
+    assert spasm.plugins.loaded_plugins() == []
+    if use == "scan":
+        found = scan_text("Two kiwis, please.", ScanContext())
+        assert [(f.kind, f.evidence) for f in found] == [("demo_fruit", "kiwi")]
+    elif use == "format":
+        export_run(run, tmp_path / "out", ExportOptions(formats=["demo_lines"]))
+        records = [json.loads(line) for line in (tmp_path / "out" / "demo_lines" / "train.jsonl").open()]
+        assert records and all(" / " in r["text"] for r in records)
+    else:
+        metrics = evaluate(run, embedder="demo_hash", progress=False, write=False)
+        assert metrics.embedder == "demo-hash" and metrics.counts.texts_embedded > 0
+    assert spasm.plugins.loaded_plugins() == ["kinds"]
+    assert {"demo_fruit"} <= set(SCANS.names()) and "demo_lines" in FORMATS and "demo_hash" in EMBEDDERS
 
 
 BROKEN = [

@@ -41,7 +41,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +50,7 @@ from spasm.dataset.files import atomic_write, atomic_write_bytes, atomic_write_j
 from spasm.dataset.integrity import file_sha256
 from spasm.errors import RunError, UserError
 from spasm.redact import redact_url
+from spasm.registry import EMBEDDERS
 
 __all__ = [
     "CachedEmbedder",
@@ -105,35 +106,47 @@ def l2_normalise(matrix: npt.ArrayLike) -> FloatArray:
 # --------------------------------------------------------------------------- registry
 
 EmbedderFactory = Callable[..., Embedder]
-_REGISTRY: dict[str, EmbedderFactory] = {}
 
 
-def register_embedder(name: str, factory: EmbedderFactory) -> None:
-    """Make ``factory(**options)`` available as ``create_embedder(name, **options)``.
+@overload
+def register_embedder(name: str, factory: EmbedderFactory, *, replace: bool = False) -> EmbedderFactory: ...
+@overload
+def register_embedder(
+    name: str, factory: None = None, *, replace: bool = False
+) -> Callable[[EmbedderFactory], EmbedderFactory]: ...
+def register_embedder(
+    name: str, factory: EmbedderFactory | None = None, *, replace: bool = False
+) -> EmbedderFactory | Callable[[EmbedderFactory], EmbedderFactory]:
+    """Make ``factory(**options)`` available as ``create_embedder(name, **options)``, in
+    :data:`spasm.registry.EMBEDDERS`: called with the factory, or as a decorator
+    (``@register_embedder("mine")``) like every other kind.
 
-    Registering an existing name replaces it (tests use this for fakes).
+    Registering an existing name replaces it (tests use this for fakes); a plugin replaces a
+    built-in embedder only with ``replace=True``.
     """
-    _REGISTRY[name] = factory
+    decorate = EMBEDDERS.register(name, replace=replace)
+    return decorate if factory is None else decorate(factory)
 
 
 def available_embedders() -> list[str]:
-    """Names accepted by :func:`create_embedder` (and ``spasm eval --embedder``)."""
-    return sorted(_REGISTRY)
+    """Names accepted by :func:`create_embedder` (and ``spasm eval --embedder``), the
+    installed plugins' too."""
+    return EMBEDDERS.names()
 
 
 def create_embedder(name: str, **options: Any) -> Embedder:
-    """Build the embedder registered as ``name`` with ``options``.
+    """Build the embedder registered as ``name`` (a plugin's too) with ``options``.
 
     Raises:
         UserError: the name is unknown.
     """
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
+    factory = EMBEDDERS.get(name)
+    if factory is None:
         raise UserError(
             f"Unknown embedder {name!r}; choose one of: {', '.join(available_embedders())}."
-        ) from None
-    return factory(**options)
+        )
+    embedder: Embedder = factory(**options)
+    return embedder
 
 
 # --------------------------------------------------------------------------- local ONNX

@@ -54,6 +54,7 @@ from spasm.export.tooluse import (
 )
 from spasm.history import Event, History, Utterance
 from spasm.projection import Viewer, get_projection
+from spasm.registry import FORMATS
 
 __all__ = [
     "GROUP_META_COLUMNS",
@@ -239,30 +240,30 @@ class ExportFormat:
     description: str
 
 
-_REGISTRY: dict[str, ExportFormat] = {}
-
-
-def register_format(name: str, *, layout: Layout, description: str) -> Callable[[Build], Build]:
-    """Register a format under ``name`` (decorator)."""
+def register_format(name: str, *, layout: Layout, description: str,
+                    replace: bool = False) -> Callable[[Build], Build]:
+    """Register a format under ``name`` (decorator) in :data:`spasm.registry.FORMATS`; a plugin
+    replaces a built-in format only with ``replace=True``."""
 
     def decorator(fn: Build) -> Build:
-        _REGISTRY[name] = ExportFormat(name, layout, fn, description)
+        FORMATS.register(name, replace=replace, source=fn)(ExportFormat(name, layout, fn, description))
         return fn
 
     return decorator
 
 
 def format_names() -> list[str]:
-    """Names of the registered formats."""
-    return sorted(_REGISTRY)
+    """Names of the registered formats (the installed plugins' too)."""
+    return FORMATS.names()
 
 
 def get_format(name: str) -> ExportFormat:
-    """A format by name; an unknown name is a :class:`UserError` listing the known ones."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UserError(f"unknown export format {name!r}; choose from {', '.join(format_names())}") from None
+    """A format by name (a plugin's too); an unknown name is a :class:`UserError` listing the
+    known ones."""
+    found = FORMATS.get(name)
+    if not isinstance(found, ExportFormat):
+        raise UserError(f"unknown export format {name!r}; choose from {', '.join(format_names())}")
+    return found
 
 
 def _messages(example: Example, options: FormatOptions) -> list[dict[str, Any]]:

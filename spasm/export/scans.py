@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from spasm.errors import UserError
 from spasm.language import DEFAULT_LANGUAGE, detect, identifier_available, is_off_language
+from spasm.registry import SCANS
 
 __all__ = [
     "PLACEHOLDERS",
@@ -119,40 +120,39 @@ def prompt_ref(prompts: Iterable[str], own: Iterable[str] = ()) -> PromptRef:
 
 
 Scan = Callable[[str, ScanContext], list[Finding]]
-_SCANS: dict[str, Scan] = {}
 
 
-def register_scan(kind: str) -> Callable[[Scan], Scan]:
-    """Register a scan reporting findings of ``kind`` (decorator)."""
-
-    def decorator(fn: Scan) -> Scan:
-        _SCANS[kind] = fn
-        return fn
-
-    return decorator
+def register_scan(kind: str, *, replace: bool = False) -> Callable[[Scan], Scan]:
+    """Register a scan reporting findings of ``kind`` (decorator) in :data:`spasm.registry.SCANS`;
+    a plugin replaces a built-in kind only with ``replace=True``."""
+    return SCANS.register(kind, replace=replace)
 
 
 def scan_names() -> list[str]:
-    """Kinds of the registered utterance scans."""
-    return sorted(_SCANS)
+    """Kinds of the registered utterance scans (the installed plugins' too)."""
+    return SCANS.names()
 
 
 def scan_text(text: str, ctx: ScanContext, kinds: Iterable[str] | None = None) -> list[Finding]:
     """Every registered scan (or those of ``kinds``) over ``text``; redactable findings are
     made non-overlapping; sorted by position."""
-    names = list(_SCANS) if kinds is None else list(kinds)
-    unknown = [k for k in names if k not in _SCANS]
-    if unknown:
-        raise UserError(f"unknown QA scan(s) {', '.join(unknown)}; known: {', '.join(scan_names())}")
+    if kinds is None:
+        scans = SCANS.registered()
+    else:
+        looked_up = [(k, SCANS.get(k)) for k in kinds]
+        unknown = [k for k, scan in looked_up if scan is None]
+        if unknown:
+            raise UserError(f"unknown QA scan(s) {', '.join(unknown)}; known: {', '.join(scan_names())}")
+        scans = [(k, scan) for k, scan in looked_up if scan is not None]
     found: list[Finding] = []
-    folded, where = _fold(text) if any(n in PLACEHOLDERS for n in names) else (text, None)
-    for name in names:
+    folded, where = _fold(text) if any(n in PLACEHOLDERS for n, _ in scans) else (text, None)
+    for name, scan in scans:
         if name not in PLACEHOLDERS:
-            found += _SCANS[name](text, ctx)
+            found += scan(text, ctx)
         elif where is None:
-            found += _SCANS[name](folded, ctx)
+            found += scan(folded, ctx)
         else:  # found in the folded text: offsets and evidence of the original
-            for f in _SCANS[name](folded, ctx):
+            for f in scan(folded, ctx):
                 start, end = where[f.start], where[f.end - 1] + 1
                 found.append(Finding(f.kind, start, end, text[start:end], f.redaction))
     return sorted(_resolve(found), key=lambda f: (f.start, f.end, f.kind))
