@@ -292,6 +292,7 @@ class Caller:
         latency: float,
         error: str | None,
         started: datetime,
+        cache_hit: bool = False,
     ) -> CallRow:
         self.usage.outcomes[outcome] += 1
         row = CallRow(
@@ -309,7 +310,7 @@ class Caller:
             completion_tokens=completion.completion_tokens if completion else 0,
             cached_tokens=completion.cached_tokens if completion else 0,
             latency_s=latency,
-            cache_hit=outcome == "cache_hit",
+            cache_hit=cache_hit,
             outcome=outcome,
             error=error,
             started_at=started,
@@ -325,9 +326,13 @@ class Caller:
         return completion
 
     async def _call(
-        self, role: str, backend_name: str, request: ChatRequest, scope: CallScope
-    ) -> tuple[Completion, CallRow]:
-        """:meth:`complete`, also returning the call-log row of the attempt that answered."""
+        self, role: str, backend_name: str, request: ChatRequest, scope: CallScope,
+        check: Callable[[Completion], str | None] | None = None,
+    ) -> tuple[Completion, str | None]:
+        """:meth:`complete`; with ``check``, the answer (a cache hit too) is validated before
+        its call-log row is written, so the row is written once with its final outcome
+        (``invalid_output`` and the check's error when it fails). Returns the completion and
+        the check's error."""
         backend = self.backends[backend_name]
         cfg = self.configs[backend_name]
         key = request.cache_key(backend.identity)
@@ -339,12 +344,13 @@ class Caller:
             if hit is not None:
                 self.usage.cache_hits += 1
                 self._account(role, backend_name, hit)
-                row = self._record(
+                invalid = check(hit) if check is not None else None
+                self._record(
                     scope, role=role, backend=backend, request=request, key=key, attempt=0,
-                    outcome="cache_hit", completion=hit, latency=0.0, error=None,
-                    started=datetime.now(UTC),
+                    outcome="cache_hit" if invalid is None else "invalid_output", completion=hit,
+                    latency=0.0, error=invalid, started=datetime.now(UTC), cache_hit=True,
                 )
-                return hit, row
+                return hit, invalid
         if (
             request.json_schema is not None
             and self.rejection is not None
@@ -417,14 +423,15 @@ class Caller:
             limits.backoff.answered()
             self._answered.add(backend_name)
             self._account(role, backend_name, completion)
-            row = self._record(
+            invalid = check(completion) if check is not None else None
+            self._record(
                 scope, role=role, backend=backend, request=attempt_request, key=key,
-                attempt=attempt, outcome="ok", completion=completion, latency=latency,
-                error=None, started=started,
+                attempt=attempt, outcome="ok" if invalid is None else "invalid_output",
+                completion=completion, latency=latency, error=invalid, started=started,
             )
             if cache is not None:
                 cache.put(key, completion)
-            return completion, row
+            return completion, invalid
 
     def _warn_retry(self, backend_name: str, exc: BackendError, cfg: BackendConfig) -> None:
         """The one-line warning of a backend's first retry (and of its first rate limit)."""
@@ -483,22 +490,28 @@ class Caller:
         prompt_tokens = completion_tokens = 0
         error: str | None = None
         completion: Completion | None = None
+        parsed: list[T] = []
+
+        def check(answer: Completion) -> str | None:
+            """Why ``answer`` does not parse into ``schema`` (its row's error), or ``None``."""
+            try:
+                parsed.append(schema.model_validate(extract_json(answer.text)))
+            except json.JSONDecodeError as exc:
+                return f"not valid JSON: {exc.msg} at position {exc.pos}"
+            except ValidationError as exc:
+                return _short_error(exc)
+            return None
+
         for ask in range(self.reask_attempts + 1):
             request = ChatRequest(
                 messages=tuple(convo), temperature=temperature, max_tokens=max_tokens,
                 seed=seed, json_schema=json_schema,
             )
-            completion, row = await self._call(role, backend_name, request, scope)
+            completion, error = await self._call(role, backend_name, request, scope, check)
             prompt_tokens += completion.prompt_tokens
             completion_tokens += completion.completion_tokens
-            try:
-                parsed = schema.model_validate(extract_json(completion.text))
-                return Structured(parsed, ask + 1, prompt_tokens, completion_tokens, completion)
-            except json.JSONDecodeError as exc:
-                error = f"not valid JSON: {exc.msg} at position {exc.pos}"
-            except ValidationError as exc:
-                error = _short_error(exc)
-            row.outcome, row.error = "invalid_output", error
+            if error is None:
+                return Structured(parsed[0], ask + 1, prompt_tokens, completion_tokens, completion)
             if ask == self.reask_attempts:
                 break
             convo = [

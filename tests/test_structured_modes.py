@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -14,12 +15,13 @@ import anyio
 import pandas as pd
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from spasm.backends import ChatRequest, make_backend, register_backend, resolve_api_key
 from spasm.backends.base import Backend, Completion
 from spasm.backends.openai_compat import OpenAIBackend
 from spasm.backends.structured import extract_json, instruction
-from spasm.calls import Caller, CallScope
+from spasm.calls import Cache, Caller, CallScope
 from spasm.cli import main
 from spasm.config import BackendConfig, parse_config
 from spasm.engine import Engine, RunSummary
@@ -197,6 +199,57 @@ def test_one_injected_500_on_the_first_structured_call_does_not_change_the_mode(
 
     mode, completion = anyio.run(go)
     assert mode == "json_schema" and json.loads(completion.text) == {}
+
+
+class _Snapshots(list[Any]):
+    """A call log that keeps each row as it was when written, to show no row is edited later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.as_written: list[dict[str, Any]] = []
+
+    def append(self, row: Any) -> None:
+        self.as_written.append(row.model_dump())
+        super().append(row)
+
+
+class _Answer(BaseModel):
+    answer: int
+
+
+def test_each_call_row_is_written_once_with_its_final_outcome(tmp_path: Path) -> None:
+    """A structured call whose first reply does not validate is asked again; its rows (the
+    invalid reply's, then the valid one's, and the same two replayed from the cache) are
+    written once each with their final outcome, and the caller's counts agree with them."""
+    def reply(body: dict[str, Any]) -> str:  # a number only once told what is wrong
+        asked_again = "did not validate" in body["messages"][-1]["content"]
+        return '{"answer": 42}' if asked_again else '{"answer": "many"}'
+
+    async def go(base_url: str, cache: Cache) -> tuple[Any, _Snapshots, Counter[str]]:
+        cfg = BackendConfig(kind="openai", base_url=base_url, model="m")
+        backend = make_backend("srv", cfg)
+        caller = Caller({"srv": backend}, {"srv": cfg}, cache=cache, sleep_scale=0.0)
+        scope = CallScope(dialogue_id="d")
+        scope.records = _Snapshots()
+        try:
+            result = await caller.structured("eval_probe", "srv", [{"role": "user", "content": "n?"}],
+                                             _Answer, scope, temperature=0.0)
+        finally:
+            await backend.aclose()
+        return result, scope.records, caller.usage.outcomes
+
+    cache = Cache(tmp_path / "cache.sqlite")
+    with TestServer(reply=reply) as srv:  # one server: the cache key names its URL
+        for expected in (["invalid_output", "ok"], ["invalid_output", "cache_hit"]):
+            result, rows, outcomes = anyio.run(go, srv.base_url, cache)
+            assert result.value == _Answer(answer=42) and result.attempts == 2
+            assert [r.outcome for r in rows] == expected
+            assert [r.model_dump() for r in rows] == rows.as_written  # never edited after the write
+            assert "answer" in (rows[0].error or "") and rows[1].error is None
+            assert [r.cache_hit for r in rows] == [expected[1] == "cache_hit"] * 2
+            assert outcomes == Counter(expected)  # the summary's counts are the table's
+        assert len(srv.requests) == 2  # the second time, both replies came from the cache
+    cache.close()
 
 
 # -- fail fast ------------------------------------------------------------------------------
