@@ -1,4 +1,4 @@
-"""The goal judge of a run with scenarios (issue 18 item 2).
+"""The goal judge of a run with scenarios (README, "Scenarios with goals").
 
 One structured call through the one caller (:meth:`spasm.calls.Caller.structured`, role
 ``goal_judge``): the judge reads the transcript, the Client's goal and the expected outcome

@@ -84,7 +84,7 @@ def expected_language(persona: Mapping[str, object] | None) -> str:
 def language_name(value: object) -> str | None:
     """How a prompt names the persona's language (``es`` and ``Spanish`` are ``Spanish``),
     or ``None`` when it is English or absent: an English persona's prompts say nothing about
-    language, as before the field existed."""
+    language (the golden run and the prompt snapshots pin them: tests/test_golden_run.py)."""
     code = language_code(value)
     if code is None or code == DEFAULT_LANGUAGE:
         return None

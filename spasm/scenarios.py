@@ -1,4 +1,5 @@
-"""Scenarios with goals (issue 18 item 2): what the Client comes for, and what should happen.
+"""Scenarios with goals (README, "Scenarios with goals"): what the Client comes for, and
+what should happen.
 
 A scenario has an ``id``, a ``situation`` and the Client's ``goal`` (both added to the Client's
 card), an ``expected_outcome`` (never shown to either agent: only the goal judge reads it) and

@@ -9,9 +9,10 @@ on recent requests whoever sent them).
 The session is opened from plain values (the dialogue's id, persona id, condition and seed),
 so the dialogue layer never sees a plan or a run config.
 
-Seeds are derived here exactly as before the session existed: a turn's seed is
-``derive_seed(seed, index, speaker)``, and every harness call of the turn derives its own
-from that (``derive_seed(turn_seed, "reducer")`` …), so caches and old runs stay valid.
+Seeds are derived here and nowhere else: a turn's seed is ``derive_seed(seed, index,
+speaker)``, and every harness call of the turn derives its own from that
+(``derive_seed(turn_seed, "reducer")`` …), so the same plan sends the same requests and hits the
+same cache entries (tests/test_golden_run.py pins the rows they give).
 """
 
 from __future__ import annotations

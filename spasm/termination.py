@@ -1,4 +1,4 @@
-"""The termination detector chain (SPEC §3).
+"""The termination detector chain (docs/engine.md; tests/test_termination.py pins each rule).
 
 After each exchange the chain decides whether the dialogue has reached a natural end. Nothing
 fires before ``min_utterances``. Detectors run in order; the first to fire gives the reason:

@@ -1,4 +1,4 @@
-"""Who speaks next in a group dialogue (SPEC §3's N-ary extension).
+"""Who speaks next in a group dialogue (README, "Group dialogues").
 
 A policy is handed the history and the seats (each participant's id and role, in order) and
 returns a :class:`Choice`: the next speaker and why. The policies that ship with spasm are

@@ -227,7 +227,8 @@ Beliefs = Annotated[list[Belief], Field(max_length=5), BeforeValidator(first_ite
 
 
 class AgentState(Record):
-    """The runtime state of one agent in one dialogue (SPEC §4.2), as ``turns.state`` holds it."""
+    """The runtime state of one agent in one dialogue (docs/harness.md, "The layers"), as
+    ``turns.state`` holds it."""
 
     goals: Goals = Field(default_factory=list)
     beliefs: Beliefs = Field(default_factory=list)

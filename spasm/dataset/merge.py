@@ -1,4 +1,4 @@
-"""``spasm merge``: the shards of one run into one run directory (SPEC §11).
+"""``spasm merge``: the shards of one run into one run directory (docs/cluster.md).
 
 :func:`merge_runs` first checks the shards, reading only their metadata and id columns, and
 refuses with a :class:`~spasm.errors.UserError` naming the shard before anything is written:

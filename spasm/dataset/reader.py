@@ -1,4 +1,4 @@
-"""The run directory's reader: :func:`open_run` (SPEC §7).
+"""The run directory's reader: :func:`open_run` (docs/format.md, "Reading it").
 
 Everything that reads a run — evaluation, the harness report, export, the viewer, merge — reads
 through a :class:`Run`. It reads only committed parts (a batch is visible once its commit

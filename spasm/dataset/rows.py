@@ -124,7 +124,7 @@ When = Annotated[datetime, TIMESTAMP]
 
 
 class DialogueRow(Row):
-    """One dialogue (SPEC §7)."""
+    """One dialogue (docs/format.md, `dialogues`)."""
 
     table: ClassVar[str] = "dialogues"
     keys: ClassVar[tuple[str, ...]] = ("dialogue_id",)
@@ -397,7 +397,7 @@ class ErrorRow(Row):
 
 
 class QARow(Row):
-    """One QA finding of ``spasm qa`` / ``spasm export`` (SPEC §10); the table is replaced
+    """One QA finding of ``spasm qa`` / ``spasm export`` (docs/export.md); the table is replaced
     whole by each scan."""
 
     table: ClassVar[str] = "qa"
@@ -455,7 +455,7 @@ PERSONA_TAIL: dict[str, Any] = {
     "verdicts": (Str, "[]"),
     "schema_name": (OptStr, None),
     "schema_version": (OptStr, None),
-    # The CharacterPolicy compiled from the card (JSON) and its version (SPEC §4.1).
+    # The CharacterPolicy compiled from the card (JSON) and its version (docs/harness.md, "The layers").
     "policy": (OptStr, None),
     "policy_version": (OptStr, None),
     # An imported persona's source fields, verbatim (JSON), so an export gives them back.
@@ -490,7 +490,7 @@ class Persona(TypedDict, total=False):
     verdicts: str
     schema_name: str | None
     schema_version: str | None
-    #: JSON: the CharacterPolicy compiled from the card, and its version (SPEC §4.1).
+    #: JSON: the CharacterPolicy compiled from the card, and its version (docs/harness.md, "The layers").
     policy: str | None
     policy_version: str | None
     #: JSON: an imported persona's source fields, verbatim.

@@ -1,4 +1,4 @@
-"""The run directory's writer: the only code that writes its Parquet tables (SPEC §7).
+"""The run directory's writer: the only code that writes its Parquet tables (docs/format.md, "Writing it").
 
 Layout of ``runs/<name>/`` (docs/format.md is the full description)::
 

@@ -1,4 +1,4 @@
-"""The Persona Harness around each agent (SPEC §4), one module per layer.
+"""The Persona Harness around each agent (docs/harness.md), one module per layer.
 
 ==================  =====================================================================
 Module              Layer

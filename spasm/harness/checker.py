@@ -1,4 +1,4 @@
-"""Layer 6, verify and rewrite: a checker scores each candidate reply (SPEC §4.6).
+"""Layer 6, verify and rewrite: a checker scores each candidate reply (docs/harness.md, "The layers").
 
 The model scores four dimensions 0–100 and names violations and one piece of advice (role
 ``checker``); the overall score and the pass decision are computed *here*, with the weights of

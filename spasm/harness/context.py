@@ -1,4 +1,4 @@
-"""Layer 3, structured context: older turns compressed into a typed record (SPEC §4.3).
+"""Layer 3, structured context: older turns compressed into a typed record (docs/harness.md, "The layers").
 
 From level B on, an agent sees the last ``window`` utterances verbatim and everything older as
 a :class:`StructuredContext` (topic, the partner's emotion, people mentioned, key events,

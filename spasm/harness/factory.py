@@ -1,5 +1,5 @@
 """The one place that chooses each agent of a dialogue: plain or harnessed by its level,
-audited or not, and the hooks that measure the agents after the dialogue (SPEC §4).
+audited or not, and the hooks that measure the agents after the dialogue (docs/harness.md).
 
 The dialogue (:func:`spasm.simulation.simulate_dialogue`) is handed what this returns and knows
 nothing of levels, audits or probes.

@@ -1,4 +1,4 @@
-"""The A–E ablation: which harness layers each level switches on (SPEC §4, seed experiment).
+"""The A–E ablation: which harness layers each level switches on (docs/harness.md, "Levels").
 
 =====  ===========================================================================
 Level  What the agent gets

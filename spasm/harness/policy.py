@@ -1,4 +1,5 @@
-"""Layer 1, identity as policy: the persona card compiled into structured rules (SPEC §4.1).
+"""Layer 1, identity as policy: the persona card compiled into structured rules
+(docs/harness.md, "The layers").
 
 A :class:`CharacterPolicy` is built in two steps. A *baseline* is derived in code from the
 persona's fields (or the Responder's role), so every policy has the facts and the hard

@@ -1,4 +1,4 @@
-"""Layer 5, the orchestrated prompt (SPEC §4.5).
+"""Layer 5, the orchestrated prompt (docs/harness.md, "The layers"; tests/snapshots pin it).
 
 SPEC order: core identity facts, the 3–5 most relevant state items, scene, style rules, the top
 never-boundaries, examples, last correction. Prompt caching wants the stable parts first, so

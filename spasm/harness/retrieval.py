@@ -1,4 +1,4 @@
-"""Layer 4, behaviour-example retrieval (SPEC §4.4).
+"""Layer 4, behaviour-example retrieval (docs/harness.md, "The layers").
 
 Candidates are the agent's own accepted utterances in this dialogue plus an optional corpus
 (JSONL, one example per line: ``{"text": ..., "speaker": "client", "intent": ..., "emotion":

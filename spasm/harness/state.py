@@ -1,4 +1,5 @@
-"""Layer 2, state as data: each agent's runtime state and the reducer that evolves it (SPEC §4.2).
+"""Layer 2, state as data: each agent's runtime state and the reducer that evolves it
+(docs/harness.md, "The layers").
 
 The state lives outside the model. Each turn the reducer asks the model for an *incremental*
 update with evidence (role ``reducer``), then :func:`apply_update` enforces the hard constraints

@@ -1,4 +1,4 @@
-"""Layer 6 at run time: check a candidate reply, rewrite it once on failure (SPEC §4.6).
+"""Layer 6 at run time: check a candidate reply, rewrite it once on failure (docs/harness.md, "The layers").
 
 :func:`check_candidate` is shared by the verify layer (role ``checker``, inside the agent) and
 the audit (role ``audit``, a measurement outside it: :mod:`spasm.harness.measure`).

@@ -1,5 +1,6 @@
-"""Persona definitions: schema, sampler, rules and card templates (SPEC §2). They call no
-model; the stage that does (LLM validation, crafting, policies) is :mod:`spasm.persona_stage`."""
+"""Persona definitions: schema, sampler, rules and card templates (README, "Bring your own
+personas"). They call no model; the stage that does (LLM validation, crafting, policies) is
+:mod:`spasm.persona_stage`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Persona crafter: renders the fields into a natural-language card (SPEC §2).
+"""Persona crafter: renders the fields into a natural-language card (the card templates of
+the persona schema).
 
 The template card is deterministic. An optional LLM rewrite (temperature 0.7) turns it into
 richer prose; both the card and the fields are stored.

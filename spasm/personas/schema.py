@@ -1,4 +1,5 @@
-"""The persona schema: field pools and declarative coherence rules, loaded from YAML (SPEC §2)."""
+"""The persona schema: field pools and declarative coherence rules, loaded from YAML
+(schemas/persona.yaml is the bundled one)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Personas from a data file (issue 18 item 1): CSV, JSONL, Parquet, or a directory saved by
+"""Personas from a data file (README, "Personas from data"): CSV, JSONL, Parquet, or a directory saved by
 the ``datasets`` library (``Dataset.save_to_disk``).
 
 This module reads and checks; it calls no model. A row becomes a persona candidate:
@@ -51,7 +51,8 @@ __all__ = [
     "read_rows",
 ]
 
-#: The persona fields persona drift is measured on (SPEC §2).
+#: The persona fields persona drift is measured on (docs/evaluation.md; the drift dimension of
+#: each is :data:`spasm.evaluation.drift.PERSONA_DIMENSIONS`, in the same order).
 DIMENSIONS = ("concern", "emotion", "motivation")
 #: Columns that hold a row's id, in the order they are looked for.
 ID_COLUMNS = ("source_id", "id", "uuid")

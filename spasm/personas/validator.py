@@ -10,7 +10,7 @@ from spasm.personas.schema import PersonaSchema
 
 
 class PersonaVerdict(BaseModel):
-    """The structured verdict of the LLM check (SPEC §2)."""
+    """The structured verdict of the LLM check (the persona stage's optional LLM check)."""
 
     # The title keeps the JSON schema sent to the model (and so the request hashes) as it was.
     model_config = ConfigDict(extra="ignore", title="Verdict")
