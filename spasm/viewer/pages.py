@@ -231,7 +231,12 @@ def seen_rows(view: DialogueView, index: int) -> dict[str, Any]:
         "who": str(turn["speaker"]) if group else f"the {turn['speaker']}",
         "role": turn.get("role"),
         "digest": turn.get("messages_sha256"), "stored": bool(turn.get("messages")),
-        "messages": [{"role": str(m.get("role")), "content": str(m.get("content") or "")}
+        "messages": [{"role": str(m.get("role")), "content": str(m.get("content") or ""),
+                      # A run with tools: the speaker's own calls and the results it was sent.
+                      "tool_calls": [(c["function"]["name"], c["function"]["arguments"], c["id"])
+                                     for c in m.get("tool_calls") or ()],
+                      "tool_call_id": m.get("tool_call_id")}
                      for m in seen.messages],
         "condition": view.row.get("condition"),
+        "steps": len(seen.steps),
     }

@@ -37,8 +37,9 @@ __all__ = ["Facets", "ListPage", "RunIndex"]
 REFRESH_S = 2.0
 MEMORY_LIMIT = "128MB"
 EVAL_PER_DIALOGUE = Path("eval") / "per_dialogue.parquet"
-#: The tables the index reads (``participants``: group runs only).
-_TABLES = ("dialogues", "turns", "personas", "qa", "participants")
+#: The tables the index reads (``participants``: group runs only; ``events`` and ``worlds``:
+#: runs with tools only).
+_TABLES = ("dialogues", "turns", "personas", "qa", "participants", "events", "worlds")
 _FIXED_PERSONA = set(PERSONA_HEAD) | set(PERSONA_TAIL)
 
 
@@ -288,7 +289,11 @@ class RunIndex:
         personas = self._select(snap, "personas", "persona_id = $pid", {"pid": str(row["persona_id"])})
         seats = self._select(snap, "participants", "dialogue_id = $id", {"id": dialogue_id},
                              "ORDER BY position")
-        return DialogueView(row, persona_of(personas[0]) if personas else None, turns, seats)
+        # A run with tools: the events (what each agent saw is rebuilt with them) and worlds.
+        events, worlds = (self._select(snap, t, "dialogue_id = $id", {"id": dialogue_id},
+                                       "ORDER BY seq") for t in ("events", "worlds"))
+        return DialogueView(row, persona_of(personas[0]) if personas else None, turns, seats,
+                            events, worlds)
 
     def counterparts(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The dialogues of the same persona, conversation index, seed and pairing (every

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from spasm.errors import UserError
-from spasm.viewer import pages
+from spasm.viewer import actions, pages
 from spasm.viewer.annotations import LabelIn, RunBusy
 from spasm.viewer.charts import harness_charts
 from spasm.viewer.state import NotFound, ViewerState, eval_report, json_response, static_file, valid_id
@@ -73,6 +73,8 @@ def add_routes(app: FastAPI, viewer: ViewerState) -> None:
             next_id=next_id, position=position, total=total, labels=viewer.book.labels(dialogue_id),
             history=viewer.book.history_count(dialogue_id), me=me, seats=pages.seat_views(view),
             reasons=pages.reason_summary(view),
+            # A run with tools: each turn's events inline, and the final world beside the gold.
+            actions=actions.event_views(view), world=actions.world_view(view),
         )
 
     @app.get("/d/{dialogue_id}/seen/{turn_index}")
