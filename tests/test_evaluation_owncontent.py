@@ -108,7 +108,8 @@ def test_the_rule_rejects_meaningless_thresholds() -> None:
 # --------------------------------------------------------------------------- known answers
 
 
-N_PERSONAS = 10
+N_PERSONAS = 12
+RECOGNISED = 2  # personas whose own lines lie near their card: retrieved first on their own
 N_CLIENT_TURNS = 5
 COPY_FROM = 2  # CONCAT's Client copies the Responder verbatim from its third turn on
 
@@ -127,16 +128,20 @@ def _responder(i: int, t: int, cond: str) -> str:
 
 
 def _known_run(tmp_path: Path) -> tuple[Path, dict[str, list[float]]]:
-    """Ten personas, ECP and CONCAT on the same seeds. The ECP Client writes its own lines; the
-    CONCAT Client writes the same own lines and, from client turn 2 on, appends the Responder's
-    previous turn verbatim. The opening and the own lines of persona i lie near one direction
-    (small utterance drift); the copied utterances are unrelated texts (drift near 1)."""
+    """Twelve personas, ECP and CONCAT on the same seeds. The ECP Client writes its own lines;
+    the CONCAT Client writes the same own lines and, from client turn 2 on, appends the
+    Responder's previous turn verbatim. The opening and the own lines of persona i lie near one
+    direction (small utterance drift), which is its card's for the first two personas only;
+    the utterances with a copied Responder turn lie near the persona's card (the Responder
+    quotes the persona's situation back), far from its own lines (drift near 1)."""
     rng = np.random.default_rng(7)
     table: dict[str, list[float]] = {}
     personas = []
     dialogues = []
     for i in range(N_PERSONAS):
-        base = rng.standard_normal(64)
+        card = rng.standard_normal(64)
+        table[f"Persona {i} card."] = card.tolist()
+        base = card if i < RECOGNISED else rng.standard_normal(64)
         for t in range(N_CLIENT_TURNS):
             table[_client(i, t)] = (base + 0.5 * rng.standard_normal(64)).tolist()
         personas.append({"persona_id": f"p{i}", "card": f"Persona {i} card.", "concern": f"concern {i}",
@@ -147,6 +152,7 @@ def _known_run(tmp_path: Path) -> tuple[Path, dict[str, list[float]]]:
                 line = _client(i, t)
                 if cond == "concat" and t >= COPY_FROM:
                     line = f"{line} {texts[-1]}"  # the partner's previous turn, verbatim
+                    table[line] = (card + 0.3 * rng.standard_normal(64)).tolist()
                 texts += [line, _responder(i, t, cond)]
             dialogues.append({"dialogue_id": f"p{i}-{cond}", "persona_id": f"p{i}", "condition": cond,
                               "seed": i, "texts": texts})
@@ -174,6 +180,34 @@ def test_raw_drift_differs_and_own_content_drift_does_not(known: Path) -> None:
     assert comparison.copying is not None
     assert comparison.copying.startswith("Once copying is removed (own content), these differences vanish: ")
     assert "drift_utterance (ecp − concat)" in comparison.copying
+
+
+def test_copying_makes_personas_look_identifiable_and_own_content_does_not(known: Path) -> None:
+    per = pd.read_parquet(known / "eval" / "per_dialogue.parquet").set_index("dialogue_id")
+    hit = {(i, cond): per.loc[f"p{i}-{cond}", "persona_hit_at_1"] for i in range(N_PERSONAS)
+           for cond in ("ecp", "concat")}
+    # Raw: every copying CONCAT Client is retrieved first (it carries its card's words); ECP's
+    # only where its own lines lie near the card.
+    assert all(hit[(i, "concat")] == 1.0 for i in range(N_PERSONAS))
+    assert [hit[(i, "ecp")] for i in range(RECOGNISED)] == [1.0] * RECOGNISED
+    own = {(i, cond): per.loc[f"p{i}-{cond}", "persona_hit_at_1_own"] for i in range(N_PERSONAS)
+           for cond in ("ecp", "concat")}
+    assert all(own[(i, "concat")] == own[(i, "ecp")] == hit[(i, "ecp")] for i in range(N_PERSONAS))
+    metrics = load_metrics(known)
+    acc = {g.condition: g.acc_at_k[0] for g in metrics.separability}
+    acc_own = {g.condition: g.acc_at_k[0] for g in metrics.separability_own}
+    # The per-dialogue hits average to the group's Acc@1 (stored to 6 decimals).
+    ecp_hits = per[per.condition == "ecp"].persona_hit_at_1.mean()
+    assert acc["concat"] == 1.0 and acc["ecp"] == pytest.approx(ecp_hits, abs=1e-6)
+    assert acc_own["concat"] == acc_own["ecp"] == acc["ecp"]
+    comparison = load_comparison(known / "eval" / "compare.json")
+    by = {c.metric: c for c in comparison.contrasts if c.pairing == "all"}
+    raw, mine = by["persona_hit_at_1"], by["persona_hit_at_1_own"]
+    assert raw.significant and raw.delta is not None and raw.delta < -0.5 and raw.explained_by_copying
+    assert mine.delta == 0.0 and not mine.significant
+    assert "persona_hit_at_1 (ecp − concat)" in (comparison.copying or "")
+    groups = {g.condition: g for g in comparison.groups}
+    assert groups["concat"].acc_at_1 == 1.0 and groups["concat"].acc_at_1_own == acc["ecp"]
 
 
 def test_without_copying_own_content_values_equal_the_raw_ones(known: Path) -> None:
@@ -214,14 +248,18 @@ def test_the_copied_share_of_every_client_utterance_is_in_per_turn(known: Path) 
     assert (early.copied_share == 0).all()
     # Six own words and the Responder's eight copied: 8 / 14, and the own line is what is left.
     assert (late.n_copied_words == 8).all() and np.allclose(late.copied_share, 8 / 14)
-    assert list(late.own_text) == [_client(i, t) for i in range(N_PERSONAS)
-                                   for t in range(COPY_FROM, N_CLIENT_TURNS)]
+    assert list(late.own_text) == [_client(int(did[1:].split("-")[0]), t)
+                                   for did, t in zip(late.dialogue_id, late.client_turn, strict=True)]
     # Per turn, the drift beside it: raw differs on the copied turns, own content does not.
-    both = ecp.merge(concat, on=["pairing", "client_turn", "speaker"], suffixes=("_e", "_c"))
-    both = both[both.dialogue_id_e.str[:3] == both.dialogue_id_c.str[:3]]
+    persona = {"persona": lambda f: f.dialogue_id.str.split("-").str[0]}
+    both = ecp.assign(**persona).merge(concat.assign(**persona), on=["persona", "client_turn"],
+                                       suffixes=("_e", "_c"))
+    assert len(both) == N_PERSONAS * N_CLIENT_TURNS
     assert (both.drift_utterance_own_e == both.drift_utterance_own_c).all()
-    assert (both[both.client_turn >= COPY_FROM].drift_utterance_c
-            > both[both.client_turn >= COPY_FROM].drift_utterance_e).all()
+    # The copied turns lie near the card, far from the own lines but for the two personas whose
+    # own lines lie near their card too.
+    far = both[(both.client_turn >= COPY_FROM) & (both.persona.str[1:].astype(int) >= RECOGNISED)]
+    assert len(far) and (far.drift_utterance_c > far.drift_utterance_e + 0.3).all()
     metrics = load_metrics(known)
     assert metrics.own_content is not None and metrics.own_content.ngram == 4
     stats = {s.condition: s for s in metrics.own_content.stats}

@@ -60,6 +60,12 @@ COMPARED_METRICS: tuple[str, ...] = (
     "drift_concerns_own",
     "drift_emotion_own",
     "drift_motivation_own",
+    # Persona separability per dialogue (its persona retrieved first; its silhouette value),
+    # raw and on own content: their means are the group's Acc@1 and silhouette.
+    "persona_hit_at_1",
+    "persona_hit_at_1_own",
+    "persona_silhouette",
+    "persona_silhouette_own",
     "echoing",
     "echo_score",
     *REALISM_METRICS,
@@ -239,7 +245,8 @@ def mark_copying(contrasts: Sequence[Contrast]) -> str | None:
     if not counterparts:
         return None
     if not (vanish or remain):
-        sentence = "No raw drift or consistency difference is significant, so copying explains none"
+        sentence = ("No raw drift, separability or consistency difference is significant, so copying "
+                    "explains none")
     elif vanish:
         sentence = ("Once copying is removed (own content), these differences vanish: " + ", ".join(vanish)
                     + ("; these remain: " + ", ".join(remain) if remain else ""))

@@ -387,10 +387,11 @@ def _evaluate(
     timings["echoing"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    separability, pca_xy = _separability(data, personas, vectors, embed, retrieval)
+    separability, pca_xy, persona_cols = _separability(data, personas, vectors, embed, retrieval)
     kept_own = {did: v[np.isfinite(v).all(axis=1)] for did, v in client_own.items()}
-    separability_own, _ = _separability(
-        data, personas, _Vectors(vectors.utterances, kept_own, vectors.n_texts), embed, retrieval)
+    separability_own, _, persona_own = _separability(
+        data, personas, _Vectors(vectors.utterances, kept_own, vectors.n_texts), embed, retrieval,
+        suffix=OWN_SUFFIX)
     timings["separability"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -473,7 +474,7 @@ def _evaluate(
     )
     frame = _per_dialogue(convs, means, verdicts, pca_xy, realism_cols, echo_threshold)
     if "dialogue_id" in frame:  # a run without an ok dialogue has an empty frame
-        frame = frame.join(_own_columns(convs, own_means), on="dialogue_id")
+        frame = frame.join(_own_columns(convs, own_means, persona_cols, persona_own), on="dialogue_id")
     per_turn = per_turn_frame(own, convs, series, own_series)
     if group is None:
         return metrics, frame, None, per_turn
@@ -594,14 +595,25 @@ def _own_drift(
     ), means, series
 
 
-def _own_columns(convs: list[Conversation], own_means: Mapping[str, Mapping[str, float]]) -> pd.DataFrame:
+def _own_columns(
+    convs: list[Conversation],
+    own_means: Mapping[str, Mapping[str, float]],
+    persona: Mapping[str, Mapping[str, float]],
+    persona_own: Mapping[str, Mapping[str, float]],
+) -> pd.DataFrame:
     """``drift_<dimension>_own`` per dialogue (NaN for a group dialogue: its seats have
-    ``group_drift_<dimension>_own``)."""
-    dims = DRIFT_DIMENSIONS
-    rows = {c.dialogue_id: {f"drift_{d}{OWN_SUFFIX}": own_means.get(c.dialogue_id, {}).get(d, math.nan)
-                            for d in dims} for c in convs}
-    return pd.DataFrame.from_dict(rows, orient="index", columns=[f"drift_{d}{OWN_SUFFIX}" for d in dims],
-                                  dtype=float)
+    ``group_drift_<dimension>_own``), and the per-dialogue separability columns raw and on own
+    content (``persona_hit_at_1``, ``persona_silhouette``, ``…_own``; NaN where undefined)."""
+    columns = [*(f"drift_{d}{OWN_SUFFIX}" for d in DRIFT_DIMENSIONS),
+               *(f"persona_{m}{s}" for m in ("hit_at_1", "silhouette") for s in ("", OWN_SUFFIX))]
+    rows = {}
+    for c in convs:
+        row = {f"drift_{d}{OWN_SUFFIX}": own_means.get(c.dialogue_id, {}).get(d, math.nan)
+               for d in DRIFT_DIMENSIONS}
+        row.update(persona.get(c.dialogue_id, {}))
+        row.update(persona_own.get(c.dialogue_id, {}))
+        rows[c.dialogue_id] = row
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns, dtype=float)
 
 
 def _echoing(
@@ -666,8 +678,12 @@ def _separability(
     vectors: _Vectors,
     embed: Embed,
     retrieval: Retrieval,
-) -> tuple[list[SeparabilityGroup], dict[str, tuple[float, float]]]:
-    """Separability per pairing × condition, and each conversation's PCA coordinates."""
+    suffix: str = "",
+) -> tuple[list[SeparabilityGroup], dict[str, tuple[float, float]], dict[str, dict[str, float]]]:
+    """Separability per pairing × condition, each conversation's PCA coordinates (none with a
+    ``suffix``: the own-content pass), and its per-dialogue columns ``persona_hit_at_1`` (its
+    persona ranked first: the group's Acc@1 is their mean) and ``persona_silhouette`` (its
+    silhouette value: the group's silhouette is their mean), named with ``suffix``."""
     conv_vec = {did: l2_normalise(v.mean(axis=0))[0] for did, v in vectors.client.items() if len(v)}
     card_vecs, card_note = _card_vectors(data, personas, embed, retrieval)
     groups: dict[tuple[str, str], list[Conversation]] = defaultdict(list)
@@ -676,6 +692,7 @@ def _separability(
             groups[(c.pairing, c.condition)].append(c)
     out: list[SeparabilityGroup] = []
     pca_xy: dict[str, tuple[float, float]] = {}
+    per_dialogue: dict[str, dict[str, float]] = {}
     for (pairing, condition), members in sorted(groups.items(), key=group_key):
         x = np.stack([conv_vec[c.dialogue_id] for c in members])
         labels = [c.persona_id for c in members]
@@ -701,8 +718,14 @@ def _separability(
                 note="; ".join(notes) or None,
             )
         )
-        pca_xy.update(_pca(members, x))
-    return out, pca_xy
+        for c, rank, silhouette in zip(members, scores.ranks, scores.silhouette_samples, strict=True):
+            per_dialogue[c.dialogue_id] = {
+                f"persona_hit_at_1{suffix}": math.nan if rank is None else float(rank == 1),
+                f"persona_silhouette{suffix}": math.nan if silhouette is None else silhouette,
+            }
+        if not suffix:
+            pca_xy.update(_pca(members, x))
+    return out, pca_xy, per_dialogue
 
 
 def load_metrics(path: str | Path) -> Metrics:

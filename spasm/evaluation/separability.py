@@ -47,6 +47,12 @@ class SeparabilityScores:
     acc_at_k: list[float | None]
     random_at_k: list[float | None]
     notes: list[str] = field(default_factory=list)
+    #: Per conversation, in input order: the rank of its own persona (``None``: not queried)
+    #: and its silhouette value (``None`` when the silhouette is undefined). Their means are
+    #: Acc@1 (the share of rank 1) and the silhouette, so a per-dialogue column can be paired
+    #: across conditions.
+    ranks: list[int | None] = field(default_factory=list)
+    silhouette_samples: list[float | None] = field(default_factory=list)
 
 
 def retrieval_accuracy(
@@ -63,6 +69,19 @@ def retrieval_accuracy(
         ``(acc_at_k, random_at_k, n_queries, note)``; accuracies are ``None`` when no
         conversation can be queried (the note says why).
     """
+    acc, rand, n_queries, note, _ = _retrieval(vectors, labels, retrieval=retrieval, cards=cards, k_max=k_max)
+    return acc, rand, n_queries, note
+
+
+def _retrieval(
+    vectors: FloatArray,
+    labels: Sequence[str],
+    *,
+    retrieval: Retrieval,
+    cards: Mapping[str, FloatArray] | None,
+    k_max: int,
+) -> tuple[list[float | None], list[float | None], int, str | None, list[int | None]]:
+    """:func:`retrieval_accuracy`, and each conversation's rank (``None``: not queried)."""
     labels = [str(x) for x in labels]
     personas = sorted(set(labels))
     position = {p: i for i, p in enumerate(personas)}
@@ -71,7 +90,7 @@ def retrieval_accuracy(
     if retrieval == "card":
         if cards is None or any(p not in cards for p in personas):
             missing = [p for p in personas if cards is None or p not in cards]
-            return none, none, 0, f"no card embedding for {len(missing)} persona(s)"
+            return none, none, 0, f"no card embedding for {len(missing)} persona(s)", [None] * len(labels)
         cand = l2_normalise(np.stack([cards[p] for p in personas]))
         sims = vectors @ cand.T  # (n_conv, n_personas)
         query = np.ones(len(labels), dtype=bool)
@@ -101,15 +120,17 @@ def retrieval_accuracy(
             none,
             0,
             "no persona has 2+ conversations, so nothing can be retrieved by centroid",
+            [None] * len(labels),
         )
     true = sims[np.arange(len(labels)), label_idx]
-    ranks = 1 + (sims > true[:, None]).sum(axis=1)
-    ranks, n_candidates = ranks[query], n_candidates[query]
+    all_ranks = 1 + (sims > true[:, None]).sum(axis=1)
+    each: list[int | None] = [int(r) if q else None for r, q in zip(all_ranks, query, strict=True)]
+    ranks, n_candidates = all_ranks[query], n_candidates[query]
     acc: list[float | None] = [round(float(np.mean(ranks <= k)), 6) for k in range(1, k_max + 1)]
     rand: list[float | None] = [
         round(float(np.mean(np.minimum(1.0, k / n_candidates))), 6) for k in range(1, k_max + 1)
     ]
-    return acc, rand, n_queries, None
+    return acc, rand, n_queries, None, each
 
 
 def _intra_distances(vectors: FloatArray, labels: npt.NDArray[np.int_]) -> list[float]:
@@ -141,7 +162,7 @@ def separability_scores(
         cards: persona id -> card embedding (needed for ``"card"``).
     """
     from sklearn import config_context
-    from sklearn.metrics import davies_bouldin_score, silhouette_score
+    from sklearn.metrics import davies_bouldin_score, silhouette_samples
 
     x = l2_normalise(vectors) if len(labels) else np.zeros((0, 1), dtype=np.float32)
     labels = [str(v) for v in labels]
@@ -150,6 +171,7 @@ def separability_scores(
     idx = np.array([position[v] for v in labels], dtype=int)
     notes: list[str] = []
     silhouette = dbi = None
+    samples: list[float | None] = [None] * len(labels)
     n, k = len(labels), len(personas)
     if k < 2:
         notes.append("silhouette/DBI need at least 2 personas")
@@ -160,14 +182,17 @@ def separability_scores(
         # ~11,000 conversations a group (the SPASM corpus size) that is ~1.2 GiB less peak
         # memory and ~3x faster; the score agrees to float rounding.
         with config_context(working_memory=64):
-            silhouette = float(silhouette_score(x, idx, metric="cosine"))
+            # silhouette_score is the mean of these samples (scikit-learn computes it so).
+            per_sample = silhouette_samples(x, idx, metric="cosine")
+        silhouette = float(np.mean(per_sample))
+        samples = [float(v) for v in per_sample]
         dbi = float(davies_bouldin_score(x, idx))
     intra = _intra_distances(x, idx)
     intra_mean = float(np.mean(intra)) if intra else None
     intra_sd = float(np.std(intra, ddof=1)) if len(intra) >= 2 else (0.0 if intra else None)
     if not intra:
         notes.append("intra-persona distance needs a persona with 2+ conversations")
-    acc, rand, n_queries, note = retrieval_accuracy(x, labels, retrieval=retrieval, cards=cards, k_max=k_max)
+    acc, rand, n_queries, note, ranks = _retrieval(x, labels, retrieval=retrieval, cards=cards, k_max=k_max)
     if note:
         notes.append(note)
     for value in (silhouette, dbi):
@@ -185,4 +210,6 @@ def separability_scores(
         acc_at_k=acc,
         random_at_k=rand,
         notes=notes,
+        ranks=ranks,
+        silhouette_samples=samples,
     )
