@@ -85,6 +85,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("free", [60_000, 200_000])
 def test_a_really_full_file_system_is_the_disk_full_message_and_a_resume(
         small_disk: Path, tmp_path: Path, free: int) -> None:

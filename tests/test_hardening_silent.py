@@ -199,6 +199,7 @@ def test_eval_of_one_run_never_replaces_another_runs_evaluation(
     assert not (b / "elsewhere").exists()
 
 
+@pytest.mark.e2e
 def test_eval_replaces_an_earlier_evaluation_outside_the_run_only_with_overwrite(
     runs: tuple[Path, Path], tmp_path: Path, capsys: Any
 ) -> None:

@@ -19,6 +19,8 @@ from spasm.projection import messages_digest
 from spasm.testing import TestServer
 from tests.conftest import config_from, endpoint_config
 
+pytestmark = pytest.mark.e2e
+
 
 def _run(config: dict[str, Any], run: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     summary = anyio.run(Engine(config_from(config), run, progress=False, sleep_scale=0.0).run)

@@ -60,6 +60,7 @@ def _run(config: dict[str, Any], run: Path) -> None:
     assert summary.completed == summary.planned == 2, summary.line()
 
 
+@pytest.mark.e2e
 def test_the_client_is_asked_about_itself_and_q_and_a_is_judged(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with TestServer(reply=_answer) as srv:
@@ -110,6 +111,7 @@ def test_the_client_is_asked_about_itself_and_q_and_a_is_judged(tmp_path: Path) 
     assert (judged.role == "eval_consistency").sum() == 3 * 2 and judged.call_id.is_unique
 
 
+@pytest.mark.e2e
 def test_the_default_run_asks_nothing_and_keeps_its_fingerprint(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with TestServer(reply=_answer) as srv:

@@ -44,6 +44,7 @@ def _build(n: int, seed: int, schema=SCHEMA):  # type: ignore[no-untyped-def]
     return anyio.run(lambda: build_personas(schema, n, seed))
 
 
+@pytest.mark.e2e
 def test_same_seed_same_personas_in_a_fresh_process() -> None:
     here = _build(5, 123).accepted
     code = (

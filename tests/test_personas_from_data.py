@@ -206,6 +206,7 @@ def test_spasm_personas_from_previews_and_writes_parquet(tmp_path: Path, capsys:
     assert "Traceback" not in err and err.count("error: ") == 3
 
 
+@pytest.mark.e2e
 def test_a_csv_of_three_personas_runs_through_generate_export_and_eval(tmp_path: Path) -> None:
     csv = _write(tmp_path / "people.csv", CSV + "a4,Sam,24,Retiree,my pension,calm,wants info,,\n")
     run = tmp_path / "run"

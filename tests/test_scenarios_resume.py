@@ -157,6 +157,7 @@ def test_an_edit_before_any_dialogue_is_stored_is_recorded(
     assert set(open_run(run).dialogues.scenario_id) == {"double-charge", "late-order", "new-address"}
 
 
+@pytest.mark.e2e
 def test_merge_refuses_shards_that_ran_different_scenarios(
     tmp_path: Path, server: TestServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

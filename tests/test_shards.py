@@ -46,6 +46,7 @@ def sorted_rows(run_dir: Path, table: str) -> pd.DataFrame:
     return df.sort_values(ROW_KEYS[table]).reset_index(drop=True)
 
 
+@pytest.mark.e2e
 def test_three_shards_merged_equal_the_unsharded_run(tmp_path: Path, server: TestServer) -> None:
     cfg = config_file(tmp_path, server.base_url)
     assert generate(cfg, tmp_path / "whole") == 0
@@ -75,6 +76,7 @@ def test_three_shards_merged_equal_the_unsharded_run(tmp_path: Path, server: Tes
     assert manifest["counts"]["completed"] == 20
 
 
+@pytest.mark.e2e
 def test_a_shard_directory_resumes_only_as_the_same_shard(
     tmp_path: Path, server: TestServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -72,6 +72,7 @@ def reviewed(tmp_path_factory: pytest.TempPathFactory, server: TestServer) -> Pa
     return run
 
 
+@pytest.mark.e2e
 def test_every_dialogue_is_reviewed_through_the_one_call_path(
     reviewed: Path, server: TestServer
 ) -> None:
@@ -92,6 +93,7 @@ def test_every_dialogue_is_reviewed_through_the_one_call_path(
     assert len(mine) == len(asked) and set(mine.dialogue_id) == set(dialogues.dialogue_id)
 
 
+@pytest.mark.e2e
 def test_the_share_of_failed_dialogues_with_a_critical_error_by_condition(reviewed: Path) -> None:
     metrics = json.loads((reviewed / "eval" / "metrics.json").read_text())
     s = metrics["simulator_errors"]
@@ -129,6 +131,7 @@ def test_the_share_of_failed_dialogues_with_a_critical_error_by_condition(review
     assert "critical_hindered" in html and "invents an order number" in html
 
 
+@pytest.mark.e2e
 def test_a_second_evaluation_is_answered_from_the_cache(reviewed: Path, server: TestServer) -> None:
     server.reset()
     assert main(["eval", str(reviewed), "--no-progress", "--simulator-errors"]) == 0

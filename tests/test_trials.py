@@ -159,6 +159,7 @@ def _expected(dialogues: pd.DataFrame, condition: str, k: int) -> tuple[float, f
     return float(np.mean(unbiased)), float(np.mean(groups))
 
 
+@pytest.mark.e2e
 def test_eval_reports_pass_hat_k_by_both_estimators_and_the_noise_floor(trial_run: Path) -> None:
     assert main(["eval", str(trial_run), "--no-progress"]) == 0
     metrics = json.loads((trial_run / "eval" / "metrics.json").read_text())
