@@ -236,3 +236,23 @@ def test_export_leaves_human_dialogues_out_unless_include_human(tmp_path: Path, 
     card = (tmp_path / "kept" / "README.md").read_text(encoding="utf-8")
     assert "1 of the conversations have a person in a seat" in card
     assert json.loads((tmp_path / "kept" / "card.json").read_text())["human_conversations"] == 1
+
+
+def test_a_ctrl_c_while_the_other_side_answers_ends_at_the_persons_next_turn(tmp_path: Path) -> None:
+    from spasm.testing import FaultPlan, TestServer
+
+    with TestServer(FaultPlan(latency_s=3.0, seed=1)) as slow:
+        cfg = _config(tmp_path, slow.base_url)
+        pid, fd = _spawn(["play", "--config", str(cfg), "--seat", "client", "--out", str(tmp_path / "run")])
+        seen = bytearray()
+        _expect(fd, "you> ", seen)
+        os.write(fd, b"Hello, my order is missing.\r")
+        _expect(fd, "is typing...", seen)
+        os.write(fd, b"\x03")  # while the responder's reply is on its way
+        _expect(fd, "ends at your next turn", seen)
+        code = _finish(pid, fd, seen)
+    assert code == 0, seen.decode(errors="replace")
+    dialogue, turns, _ = _read(tmp_path / "run")
+    # The reply that was on its way is kept; the dialogue ends where the person would speak.
+    assert dialogue["termination_reason"] == "ended_by_person" and "Ctrl-C" in dialogue["termination_detail"]
+    assert [t["speaker"] for t in turns] == ["client", "responder"]

@@ -4,7 +4,12 @@ server, its protections, a second tab, a server restart mid-dialogue, and the ru
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +25,8 @@ from spasm.testing import TestServer
 from spasm.viewer.server import ViewerServer
 from tests.conftest import config_from, endpoint_config
 from tests.test_viewer_http import get, post
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_played_run(run: Path, base_url: str) -> Path:
@@ -165,3 +172,58 @@ def test_take_this_seat_from_turn_t_keeps_the_prefix_and_says_where_it_began(run
     assert [t["text"] for t in turns[:2]] == [t["text"] for t in before[:2]]
     assert turns[2]["text"] == "Actually, I changed my mind." and turns[2]["speaker"] == "client"
     assert turns[3]["speaker"] == "responder" and turns[3]["text"] != before[3]["text"]
+
+
+def _serve(run_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    """`spasm view RUN` as a person starts it (the play pages come from spasm.cli)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "spasm", "view", str(run_dir), "--port", str(port),
+                             "--no-browser"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while get_or_none(f"http://127.0.0.1:{port}/play") is None:
+        assert proc.poll() is None and time.monotonic() < deadline, "spasm view did not start"
+        time.sleep(0.2)
+    return proc
+
+
+def get_or_none(url: str) -> str | None:
+    try:
+        code, body, _ = get(url)
+    except OSError:
+        return None
+    return body if code == 200 else None
+
+
+def test_a_kill_9_of_spasm_view_between_two_turns_loses_nothing_said(run_dir: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    proc = _serve(run_dir, port)
+    try:
+        h = {"X-Spasm-CSRF": _csrf(base)}
+        code, made = post(f"{base}/api/play", {"seat": "client"}, h)
+        assert code == 201, made
+        sid = made["sid"]
+        wait_for(base, sid, _turn(0))
+        assert post(f"{base}/api/play/{sid}/say", {"turn": 0, "text": "First line."}, h)[0] == 200
+        before = wait_for(base, sid, _turn(2))
+        assert post(f"{base}/api/play/{sid}/say", {"turn": 2, "text": "Second line."}, h)[0] == 200
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # right after the second line: mid-turn
+        proc.wait()
+    proc = _serve(run_dir, port)
+    try:
+        after = wait_for(base, sid, _turn(4))  # both lines kept, the dialogue went on
+        assert [m["text"] for m in after["messages"][:3]] == [m["text"] for m in before["messages"]]
+        assert after["messages"][3]["text"] == "Second line."
+        assert post(f"{base}/api/play/{sid}/end", {}, h)[0] == 200
+        ended = wait_for(base, sid, lambda s: s["status"] == "ended")
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait()
+    run = open_run(Path(ended["run"]))
+    texts = [t["text"] for t in sorted(run.table("turns").to_pylist(), key=lambda t: t["turn_index"])
+             if t["speaker"] == "client"]
+    assert texts == ["First line.", "Second line."]
