@@ -85,12 +85,16 @@ def test_a_person_plays_the_client_seat_in_chromium(tmp_path: Path, model: TestS
         folder.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(folder / "play-page.png"), full_page=True)
         page.click("#play-end")
+        _status(page, "debrief")  # asked for a verdict before it is saved
+        page.select_option('select[name="rating"]', "4")
+        page.click("#play-debrief-send")
         _status(page, "ended")
         sid = page.url.rsplit("/", 1)[-1]
     run = open_run(run_dir.parent / "run.play" / sid / "run")
     (dialogue,) = run.table("dialogues").to_pylist()
     assert dialogue["termination_reason"] == "ended_by_person"
     assert dialogue["interface"] == "web" and dialogue["operator"] == "browser-tester"
+    assert dialogue["person_rating"] == 4
     (first,) = [t for t in run.table("turns").to_pylist() if t["speaker"] == "client"]
     assert first["text"] == MARKUP
     # The page measured the typing: a fill is no keystroke deletion and no paste.

@@ -115,12 +115,17 @@ def test_a_session_in_the_browser_survives_a_second_tab_and_a_restart(run_dir: P
         assert code == 200
         wait_for(base, sid, _turn(4))
         assert post(f"{base}/api/play/{sid}/end", {}, h)[0] == 200
+        asked = wait_for(base, sid, lambda s: s["status"] == "debrief")
+        assert asked["goal"] == "" and asked["messages"][-1]["side"] == "other"
+        assert post(f"{base}/api/play/{sid}/debrief", {"goal_met": None, "rating": 9}, h)[0] == 400
+        assert post(f"{base}/api/play/{sid}/debrief", {"goal_met": None, "rating": 2}, h)[0] == 200
         ended = wait_for(base, sid, lambda s: s["status"] == "ended")
         played = Path(ended["run"])
     run = open_run(played)
     (dialogue,) = run.table("dialogues").to_pylist()
     assert dialogue["termination_reason"] == "ended_by_person"
     assert dialogue["interface"] == "web" and dialogue["operator"] == "tester"
+    assert dialogue["person_rating"] == 2 and dialogue["person_goal_met"] is None
     turns = sorted(run.table("turns").to_pylist(), key=lambda t: t["turn_index"])
     mine = [t for t in turns if t["speaker"] == "client"]
     assert [t["text"] for t in mine] == [markup, "x" * 1_000_000]
@@ -163,6 +168,8 @@ def test_take_this_seat_from_turn_t_keeps_the_prefix_and_says_where_it_began(run
                     h)[0] == 200
         wait_for(base, sid, _turn(4))
         post(f"{base}/api/play/{sid}/end", {}, h)
+        wait_for(base, sid, lambda s: s["status"] == "debrief")
+        post(f"{base}/api/play/{sid}/debrief", {}, h)
         ended = wait_for(base, sid, lambda s: s["status"] == "ended")
     run = open_run(Path(ended["run"]))
     (dialogue,) = run.table("dialogues").to_pylist()
@@ -219,6 +226,8 @@ def test_a_kill_9_of_spasm_view_between_two_turns_loses_nothing_said(run_dir: Pa
         assert [m["text"] for m in after["messages"][:3]] == [m["text"] for m in before["messages"]]
         assert after["messages"][3]["text"] == "Second line."
         assert post(f"{base}/api/play/{sid}/end", {}, h)[0] == 200
+        wait_for(base, sid, lambda s: s["status"] == "debrief")
+        post(f"{base}/api/play/{sid}/debrief", {"rating": 4}, h)
         ended = wait_for(base, sid, lambda s: s["status"] == "ended")
     finally:
         os.kill(proc.pid, signal.SIGTERM)

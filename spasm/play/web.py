@@ -70,11 +70,13 @@ def _now() -> str:
 class _View:
     """What the page shows: the seat's frame and the conversation as the seat sees it."""
 
-    status: str = "starting"  # starting | your_turn | thinking | ended | failed
+    status: str = "starting"  # starting | your_turn | thinking | debrief | ended | failed
     frame: str = ""
     messages: list[dict[str, str]] = field(default_factory=list)
     turn: int | None = None
     detail: str = ""
+    #: The scenario's goal, asked about at the end (``debrief``).
+    goal: str = ""
 
 
 class WebSession:
@@ -104,6 +106,22 @@ class WebSession:
                                 "the page now shows where the conversation is.")
             self.record["lines"].append({"turn": turn, "text": text, "typing_ms": typing_ms,
                                          "edits": edits, "pasted_chars": pasted, "at": _now()})
+            self.save()
+            self.view.status = "thinking"
+            self.cond.notify_all()
+
+    def answer(self, goal_met: bool | None, rating: int | None) -> None:
+        """The person's verdict at the end (saved, then handed to the dialogue's row)."""
+        with self.cond:
+            if self.view.status != "debrief" or self.record.get("debrief") is not None:
+                raise _Conflict("There is no question to answer now; the page shows where the "
+                                "session is.")
+            answer: dict[str, Any] = {}
+            if goal_met is not None:
+                answer["person_goal_met"] = goal_met
+            if rating is not None:
+                answer["person_rating"] = rating
+            self.record["debrief"] = answer
             self.save()
             self.view.status = "thinking"
             self.cond.notify_all()
@@ -162,7 +180,7 @@ class WebSession:
         with self.cond:
             v = self.view
             return {"sid": self.sid, "status": v.status, "frame": v.frame, "messages": v.messages,
-                    "turn": v.turn, "detail": v.detail, "seat": self.record["seat"],
+                    "turn": v.turn, "detail": v.detail, "goal": v.goal, "seat": self.record["seat"],
                     "operator": self.record["operator"], "run": str(self.dir / "run")}
 
 
@@ -212,9 +230,28 @@ class _WebPerson:
 
     async def debrief(self, dialogue_id: str, goal: str | None, transcript: Any,
                       reason: str) -> dict[str, Any]:
-        # The page does not ask for a verdict (the terminal does); a fork says where it began.
-        fork = self.s.record.get("forked_from")
-        return {} if not fork else {"forked_from": fork["dialogue_id"], "forked_at": fork["turn"]}
+        """The page asks the goal question (with a scenario) and a 1-5 rating of the partner
+        (both may be skipped); a fork also says where it began."""
+        s = self.s
+        with s.cond:
+            seat = s.record["seat"]  # the whole conversation now, the last reply included
+            s.view.messages = [
+                {"who": "You", "text": text, "side": "self"} if sp == seat else
+                {"who": _PARTNER.get(seat, sp) if sp in _PARTNER else sp, "text": text,
+                 "side": "other"} for sp, text in transcript]
+            s.view.turn, s.view.detail, s.view.goal = None, reason, goal or ""
+            while s.record.get("debrief") is None:
+                if s.desk.closing:
+                    raise _Closing
+                s.view.status = "debrief"
+                s.cond.wait(timeout=1.0)
+            s.view.status = "thinking"
+            answer = dict(s.record["debrief"])
+        fork = s.record.get("forked_from")
+        if fork:
+            answer.update(forked_from=fork["dialogue_id"], forked_at=fork["turn"])
+        return answer
+
 
 
 def _message(m: Message, speaker: str, opening: bool) -> dict[str, str]:
@@ -494,6 +531,19 @@ def add_play_routes(app: FastAPI, viewer: ViewerState) -> None:
             raise UserError("turn: the turn the page was answering")
         session.say(turn, text.strip(), _opt_int(data, "typing_ms"), _opt_int(data, "edits"),
                     _opt_int(data, "pasted_chars"))
+        return json_response(session.state())
+
+    @app.post("/api/play/{sid}/debrief")
+    async def play_debrief(request: Request, sid: str) -> Response:
+        data = await body(request)
+        session = desk.get(sid)
+        goal_met = data.get("goal_met")
+        if goal_met is not None and not isinstance(goal_met, bool):
+            raise UserError("goal_met: true, false or null")
+        rating = _opt_int(data, "rating")
+        if rating is not None and not 1 <= rating <= 5:
+            raise UserError("rating: 1 to 5, or null")
+        session.answer(goal_met, rating)
         return json_response(session.state())
 
     @app.post("/api/play/{sid}/end")

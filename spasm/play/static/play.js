@@ -81,8 +81,13 @@
     }
     status.dataset.status = state.status;
     const mine = state.status === "your_turn";
+    const debrief = $("#play-debrief");
+    debrief.hidden = state.status !== "debrief";
+    $("#play-goal-box").hidden = !state.goal;
+    $("#play-goal").textContent = state.goal || "";
     status.textContent = {
       starting: "Starting…", your_turn: "Your turn.", thinking: "The other side is thinking",
+      debrief: "The conversation has ended (" + state.detail + "). Two questions before it is saved:",
       ended: "The conversation has ended: " + state.detail,
       failed: "The session failed: " + state.detail,
     }[state.status] || state.status;
@@ -112,6 +117,17 @@
     });
     if (r.ok) { text.value = ""; err.textContent = ""; render(r.body); }
     else { err.textContent = r.body.error || "not sent"; poll(); }
+  });
+  $("#play-debrief").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const f = new FormData($("#play-debrief"));
+    const met = f.get("goal_met");
+    const rating = f.get("rating");
+    const r = await post("/api/play/" + encodeURIComponent(sid) + "/debrief", {
+      goal_met: met === "yes" ? true : met === "no" ? false : null,
+      rating: rating ? Number(rating) : null,
+    });
+    if (r.ok) render(r.body); else err.textContent = r.body.error || "not saved";
   });
   $("#play-end").addEventListener("click", async () => {
     const r = await post("/api/play/" + encodeURIComponent(sid) + "/end", {});
