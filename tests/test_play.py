@@ -50,6 +50,7 @@ def _read(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[st
     return dialogue, turns, run.table("calls").to_pylist()
 
 
+@pytest.mark.e2e
 def test_a_person_on_a_pipe_plays_the_client_seat_until_the_chain_ends_it(tmp_path: Path,
                                                                           server: Any) -> None:
     lines = ["Hi, my internet bill doubled this month.", "I was charged for a router I returned.",
@@ -81,6 +82,7 @@ def test_a_person_on_a_pipe_plays_the_client_seat_until_the_chain_ends_it(tmp_pa
     assert names[-3:] == ["typing_ms", "edits", "pasted_chars"]
 
 
+@pytest.mark.e2e
 def test_the_person_can_take_the_responder_seat_and_end_it_with_slash_end(tmp_path: Path,
                                                                          server: Any) -> None:
     done = _pipe(_config(tmp_path, server.base_url), tmp_path / "run",
@@ -100,6 +102,7 @@ def test_the_person_can_take_the_responder_seat_and_end_it_with_slash_end(tmp_pa
     assert turns[1]["text"] == "Hello, I can help with that. What happened?"
 
 
+@pytest.mark.e2e
 def test_markup_and_a_megabyte_paste_are_kept_as_typed(tmp_path: Path, server: Any) -> None:
     markup = "<script>alert('x')</script> <b>bold</b> & {{ not a template }}"
     big = "word " * 200_000  # a 1 MB line
@@ -115,6 +118,7 @@ def test_markup_and_a_megabyte_paste_are_kept_as_typed(tmp_path: Path, server: A
     assert "Ctrl-D" in dialogue["termination_detail"]
 
 
+@pytest.mark.e2e
 def test_a_scenario_session_asks_the_person_whether_the_goal_was_met(tmp_path: Path,
                                                                      server: Any) -> None:
     scenario = {"id": "refund", "situation": "You were charged twice for one order.",
@@ -200,6 +204,7 @@ def _finish(pid: int, fd: int, seen: bytearray) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("key", "how"), [(b"\x03", "Ctrl-C"), (b"\x04", "Ctrl-D")])
 def test_in_a_terminal_ctrl_c_or_ctrl_d_saves_what_was_said(tmp_path: Path, server: Any,
                                                             key: bytes, how: str) -> None:
@@ -223,6 +228,7 @@ def test_in_a_terminal_ctrl_c_or_ctrl_d_saves_what_was_said(tmp_path: Path, serv
     assert turns[0]["typing_ms"] is not None
 
 
+@pytest.mark.e2e
 def test_export_leaves_human_dialogues_out_unless_include_human(tmp_path: Path, server: Any,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     lines = ["Hi, my internet bill doubled this month.", "I was charged for a router I returned.",
@@ -238,6 +244,7 @@ def test_export_leaves_human_dialogues_out_unless_include_human(tmp_path: Path, 
     assert json.loads((tmp_path / "kept" / "card.json").read_text())["human_conversations"] == 1
 
 
+@pytest.mark.e2e
 def test_a_ctrl_c_while_the_other_side_answers_ends_at_the_persons_next_turn(tmp_path: Path) -> None:
     from spasm.testing import FaultPlan, TestServer
 
@@ -256,3 +263,29 @@ def test_a_ctrl_c_while_the_other_side_answers_ends_at_the_persons_next_turn(tmp
     # The reply that was on its way is kept; the dialogue ends where the person would speak.
     assert dialogue["termination_reason"] == "ended_by_person" and "Ctrl-C" in dialogue["termination_detail"]
     assert [t["speaker"] for t in turns] == ["client", "responder"]
+
+
+@pytest.mark.e2e
+def test_a_person_takes_a_seat_of_a_group(tmp_path: Path, server: Any) -> None:
+    from tests.test_group import _group_data
+
+    data = _group_data(server.base_url)
+    data["conditions"] = ["ecp"]
+    cfg = tmp_path / "group.yaml"
+    cfg.write_text(json.dumps(data), encoding="utf-8")
+    done = _pipe(cfg, tmp_path / "run", ["Hi all, I am Ben.", "I agree with Ana.", "/end", ""],
+                 "--seat", "Ben")
+    assert done.returncode == 0, done.stderr
+    run = open_run(tmp_path / "run")
+    seats = {p["participant_id"]: p for p in run.table("participants").to_pylist()}
+    assert seats["Ben"]["kind"] == "human" and seats["Ben"]["interface"] == "terminal"
+    assert re.fullmatch(r"op-[0-9a-f]{6}", seats["Ben"]["operator"])
+    assert {seats[s]["kind"] for s in ("Ana", "Carla", "Facilitator")} == {"llm"}
+    assert seats["Ana"]["operator"] is None and seats["Ben"]["backend"] == "human"
+    (dialogue,) = run.table("dialogues").to_pylist()
+    assert dialogue["termination_reason"] == "max_utterances"  # 8: Ben spoke twice
+    assert dialogue["operator"] == seats["Ben"]["operator"]
+    ben = [t for t in run.table("turns").to_pylist() if t["speaker"] == "Ben"]
+    assert [t["text"] for t in sorted(ben, key=lambda t: t["turn_index"])] == ["Hi all, I am Ben.",
+                                                                             "I agree with Ana."]
+    assert all(t["typing_ms"] is not None for t in ben)

@@ -16,6 +16,8 @@ import pytest
 
 from tests.test_viewer_browser import ARGS, CHROMIUM, _in_thread
 
+pytestmark = pytest.mark.e2e  # whole runs, a server, subprocesses
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is in the dev extra")
 
 from spasm.dataset import open_run  # noqa: E402

@@ -26,6 +26,8 @@ from spasm.viewer.server import ViewerServer
 from tests.conftest import config_from, endpoint_config
 from tests.test_viewer_http import get, post
 
+pytestmark = pytest.mark.e2e  # whole runs, a server, subprocesses
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -135,6 +137,10 @@ def test_a_session_in_the_browser_survives_a_second_tab_and_a_restart(run_dir: P
     calls = run.table("calls").to_pylist()
     assert any(c["cache_hit"] for c in calls if c["backend"] == "srv")
     assert played.parent.parent == run_dir.parent / "run.play"  # beside the run, not inside it
+    with ViewerServer(played) as srv:  # a played run is a run like any other for the viewer
+        assert get(f"{srv.base_url}/")[0] == 200
+        code, shown, _ = get(f"{srv.base_url}/d/{dialogue['dialogue_id']}")
+        assert code == 200 and "&lt;img src=x" in shown and "human×m" in shown
 
 
 def test_play_pages_are_behind_the_viewers_host_check(run_dir: Path) -> None:
