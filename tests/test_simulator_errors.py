@@ -159,3 +159,26 @@ def test_llm_options_without_an_llm_stage_are_exit_2_naming_simulator_errors(
     assert main(["eval", str(run), "--llm-backend", "embedded"]) == 2
     err = capsys.readouterr().err
     assert "--simulator-errors" in err and "Traceback" not in err
+
+
+def test_the_judge_sees_every_tool_event_before_the_utterance_it_belongs_to() -> None:
+    from spasm.evaluation.loader import Conversation
+    from spasm.evaluation.simulator import ReviewContext, review_messages
+    from spasm.history import Event
+
+    conv = Conversation("d", "p", 0, "ecp", "a/b", "A", ("client", "responder", "client"),
+                        ("Where is order 7?", "It shipped.", "Thanks."), goal_met=True)
+    events = [Event("tool_call", "responder", 1, ("responder",), "c1", "find", '{"id": "7"}'),
+              Event("notice", "responder", 1, ("client",), "c1", "find", notice="[Looking]"),
+              Event("tool_result", "responder", 1, ("responder",), "c1", "find",
+                    result='{"status": "shipped"}'),
+              Event("tool_call", "client", 2, ("client",), "c2", "bank", "{}")]
+    text = review_messages(conv, ReviewContext("You are Ana."), events)[1]["content"]
+    lines = text.split("Conversation:\n\n")[1].split("\n\n")
+    assert lines == ["[0] CLIENT: Where is order 7?",
+                     '    RESPONDER (calls find): {"id": "7"}',
+                     '    RESPONDER (result of find): {"status": "shipped"}',
+                     "[1] RESPONDER: It shipped.",
+                     "    CLIENT (calls bank): {}",
+                     "[2] CLIENT: Thanks."]
+    assert "[Looking]" not in text  # the payloads themselves, not what the Client was shown

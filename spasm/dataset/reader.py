@@ -18,7 +18,7 @@ gives each table as Arrow, as pandas, or in record batches for runs too large fo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -44,8 +44,8 @@ from spasm.errors import FormatError, UserError
 from spasm.history import EVENT_KINDS, Event, History
 from spasm.projection import Viewer, group_viewer, messages_digest, project
 
-__all__ = ["DialogueView", "Run", "SeenMessages", "event_of", "open_run", "participant_viewer",
-           "seen_messages"]
+__all__ = ["DialogueView", "Run", "SeenMessages", "event_of", "events_by_dialogue", "open_run",
+           "participant_viewer", "seen_messages"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,22 @@ def event_of(row: Mapping[str, Any]) -> Event:
                  arguments=row.get("arguments"), result=row.get("result"),
                  error=row.get("error"), notice=row.get("notice"),
                  world_sha256=row.get("world_sha256"))
+
+
+def events_by_dialogue(run: Run, only: Collection[str] | None = None) -> dict[str, list[Event]]:
+    """Each dialogue's events (of those in ``only``), in ``seq`` order, as history events; empty
+    for a run without an events table (export and evaluation read them so)."""
+    if not run.has("events"):
+        return {}
+    frame = run.df("events")
+    frame = frame.astype(object).where(frame.notna(), None).sort_values(["dialogue_id", "seq"])
+    out: dict[str, list[Event]] = {}
+    for record in frame.to_dict("records"):
+        row = {str(k): v for k, v in record.items()}
+        did = str(row["dialogue_id"])
+        if only is None or did in only:
+            out.setdefault(did, []).append(event_of(row))
+    return out
 
 
 def seen_messages(

@@ -45,11 +45,14 @@ from tqdm import tqdm
 
 from spasm.backends.base import Message
 from spasm.config import parse_config
+from spasm.dataset.reader import events_by_dialogue, open_run
 from spasm.errors import SpasmError
 from spasm.evaluation.llm import EvalLLM, EvalSession
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import SimulatorErrorMetrics, SimulatorErrorRate, SimulatorExample
 from spasm.evaluation.stats import finite, wilson_interval
+from spasm.history import Event
+from spasm.projection import event_line
 from spasm.registry import condition_rank
 from spasm.scenarios import run_scenarios
 
@@ -164,10 +167,23 @@ def _outcome_text(conv: Conversation) -> str:
     return "not recorded"
 
 
-def review_messages(conv: Conversation, context: ReviewContext) -> list[Message]:
-    """The judge's messages for one dialogue."""
-    lines = [f"[{i}] {'CLIENT' if s == 'client' else 'RESPONDER'}: {t}"
-             for i, (s, t) in enumerate(zip(conv.speakers, conv.texts, strict=True))]
+def _who(speaker: str) -> str:
+    return "CLIENT" if speaker == "client" else "RESPONDER"
+
+
+def review_messages(conv: Conversation, context: ReviewContext,
+                    events: Sequence[Event] = ()) -> list[Message]:
+    """The judge's messages for one dialogue; in a run with tools every event (calls, results,
+    notices: the judge sees all of them) before the utterance it belongs to, unnumbered."""
+    by_turn: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.kind != "notice":  # the payloads themselves, not what others were shown
+            by_turn[e.turn_index].append(e)
+    lines: list[str] = []
+    for i, (s, t) in enumerate([*zip(conv.speakers, conv.texts, strict=True), (None, None)]):
+        lines += [f"    {event_line(e, _who(e.actor))}" for e in by_turn.get(i, ())]
+        if s is not None:
+            lines.append(f"[{i}] {_who(s)}: {t}")
     parts = [f"CLIENT instructions:\n{context.instructions.strip() or '(none recorded)'}"]
     if context.expected_outcome:
         parts.append(f"Expected outcome of the scenario: {context.expected_outcome}")
@@ -193,6 +209,7 @@ async def review_simulator(
     *,
     concurrency: int = 8,
     on_done: Callable[[int], None] | None = None,
+    events: Mapping[str, Sequence[Event]] | None = None,
 ) -> ReviewResult:
     """One review per two-party dialogue; a reply that never validates, or a failed call, is
     a fallback (no review). Errors on a turn that is not the Client's are dropped (counted)."""
@@ -201,9 +218,10 @@ async def review_simulator(
 
     async def review_one(conv: Conversation) -> None:
         context = contexts.get(conv.dialogue_id, ReviewContext(""))
+        messages = review_messages(conv, context, (events or {}).get(conv.dialogue_id, ()))
         async with limiter:
-            parsed = await llm.structured(SIMULATOR_ROLE, conv.dialogue_id,
-                                          review_messages(conv, context), SimulatorReview)
+            parsed = await llm.structured(SIMULATOR_ROLE, conv.dialogue_id, messages,
+                                          SimulatorReview)
         if parsed is None:
             result.fallbacks += 1
         else:
@@ -360,10 +378,12 @@ def simulator_stage(
     }
     expected, note = expected_outcomes(run_dir)
     contexts = contexts_for(two_party, instructions, expected)
+    events = events_by_dialogue(open_run(run_dir, verify=False),
+                                {c.dialogue_id for c in two_party})
     with tqdm(total=len(two_party), desc="reviewing the simulated user", unit="it",
               disable=not show, leave=False, dynamic_ncols=True) as bar:
         job = functools.partial(review_simulator, two_party, contexts,
-                                concurrency=concurrency, on_done=bar.update)
+                                concurrency=concurrency, on_done=bar.update, events=events)
         result = llm.run(job)
     metrics = simulator_metrics(
         two_party, result, judge=llm.backend.name, calls=llm.session.calls(SIMULATOR_ROLE),

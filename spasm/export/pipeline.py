@@ -53,7 +53,7 @@ from spasm.dataset import Run, open_run
 from spasm.dataset.files import atomic_write, atomic_write_json, atomic_write_table, atomic_write_text
 from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import aside_path, check_output, finish_replacement, mark_output
-from spasm.dataset.reader import participant_viewer
+from spasm.dataset.reader import events_by_dialogue, participant_viewer
 from spasm.errors import RunError, UserError
 from spasm.export.card import CARD_COLUMNS, CardStats, GroupStats, MaskStats, SplitCount, card_stats
 from spasm.export.card_render import render_card
@@ -85,7 +85,7 @@ from spasm.export.seats import (
 from spasm.export.select import DIALOGUE_COLUMNS, Selection, SelectionResult, check_selection, select
 from spasm.export.split import SPLIT_NAMES, assign_splits
 from spasm.export.stream import Turn, iter_dialogues, turn_index
-from spasm.export.tooluse import run_events, run_tools, tools_for
+from spasm.export.tooluse import run_tools, tools_for
 from spasm.export.trainers import axolotl_datasets, format_path, llamafactory_dataset_info
 
 __all__ = ["ExportOptions", "ExportSummary", "export_run", "hub_configs"]
@@ -244,7 +244,7 @@ class _Builder:
         self.buffers: dict[str, list[dict[str, Any]]] = {}
         self.built = _Built()
         # A run with tools: each dialogue's events, and the tools each role could call.
-        self.events = run_events(run, only=self.rows)
+        self.events = events_by_dialogue(run, only=self.rows)
         self.tools = run_tools(run) if run.has("events") else None
 
     def untrained(self, did: str) -> set[int]:

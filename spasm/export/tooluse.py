@@ -42,7 +42,6 @@ from typing import Any
 import pyarrow as pa
 
 from spasm.dataset import Run
-from spasm.dataset.reader import event_of
 from spasm.errors import ConfigError, UserError
 from spasm.history import Event, History, Utterance
 from spasm.projection import Viewer, get_projection
@@ -53,7 +52,6 @@ __all__ = [
     "has_tool_messages",
     "hf_tool_fields",
     "openai_tool_message",
-    "run_events",
     "run_tools",
     "sharegpt_tool_turns",
     "tool_perspective",
@@ -68,22 +66,6 @@ HF_TOOL_CALLS = pa.list_(pa.struct([
 ]))
 #: The LLaMA-Factory tags a tool export's ShareGPT entries add.
 SHAREGPT_TOOL_TAGS = {"function_tag": "function_call", "observation_tag": "observation"}
-
-
-def run_events(run: Run, only: Collection[str] | None = None) -> dict[str, list[Event]]:
-    """The events of every dialogue (``only``: of those), in ``seq`` order; empty for a run
-    without an events table."""
-    if not run.has("events"):
-        return {}
-    frame = run.df("events")
-    frame = frame.astype(object).where(frame.notna(), None).sort_values(["dialogue_id", "seq"])
-    out: dict[str, list[Event]] = {}
-    for record in frame.to_dict("records"):
-        row = {str(k): v for k, v in record.items()}
-        did = str(row["dialogue_id"])
-        if only is None or did in only:
-            out.setdefault(did, []).append(event_of(row))
-    return out
 
 
 def run_tools(run: Run) -> dict[str, tuple[dict[str, Any], tuple[str, ...]]]:
