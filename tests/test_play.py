@@ -289,3 +289,27 @@ def test_a_person_takes_a_seat_of_a_group(tmp_path: Path, server: Any) -> None:
     assert [t["text"] for t in sorted(ben, key=lambda t: t["turn_index"])] == ["Hi all, I am Ben.",
                                                                              "I agree with Ana."]
     assert all(t["typing_ms"] is not None for t in ben)
+
+
+@pytest.mark.e2e
+def test_rerunning_an_interrupted_session_resumes_it_with_the_same_pseudonym(tmp_path: Path,
+                                                                            server: Any) -> None:
+    cfg = _config(tmp_path, server.base_url)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "spasm", "play", "--config", str(cfg), "--seat",
+                             "client", "--out", str(run)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=ROOT)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"My first line.\n")
+    proc.stdin.flush()
+    while b"Responder:" not in proc.stdout.readline():
+        pass
+    proc.kill()  # a crash mid-session: nothing was committed
+    proc.wait()
+    first = json.loads((run / "config.json").read_text())["config"]["backends"]["human"]["operator"]
+    done = _pipe(cfg, run, ["My first line.", "/end", ""], "--seat", "client")
+    assert done.returncode == 0, done.stderr
+    dialogue, turns, calls = _read(run)
+    assert dialogue["operator"] == first
+    assert [t["text"] for t in turns if t["speaker"] == "client"] == ["My first line."]
+    assert any(c["cache_hit"] for c in calls if c["backend"] == "srv")  # the reply, replayed

@@ -59,6 +59,19 @@ def _load(args: argparse.Namespace) -> Any:
         raise UserError(f"{cfg} cannot be read ({exc}); give --config FILE instead") from None
 
 
+def _stored_operator(out: Path) -> str | None:
+    """The pseudonym of the play run in ``out``, so rerunning the same command resumes it (the
+    models' replies come back from its cache) instead of being refused as another config."""
+    try:
+        stored = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        backends = stored["config"]["backends"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    found = [b.get("operator") for b in backends.values()
+             if isinstance(b, dict) and b.get("kind") == "human"]
+    return found[0] if found and isinstance(found[0], str) else None
+
+
 def cmd_play(args: argparse.Namespace) -> int:
     import anyio
 
@@ -67,7 +80,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     from spasm.play.terminal import TerminalPerson
 
     config = _load(args)
-    operator = args.operator or new_operator()
+    operator = args.operator or (None if args.overwrite else _stored_operator(args.out)) or new_operator()
     persona_id = None
     if config.participants is None:
         personas = anyio.run(personas_of, config,
