@@ -15,6 +15,8 @@ from spasm.cli import main
 from spasm.config import parse_config
 from spasm.dataset import open_run
 from spasm.engine import Engine
+from spasm.export.formats import TURN_SEPARATOR, alternate
+from spasm.export.trainers import llamafactory_keeps
 from spasm.testing import TestServer
 from tests.conftest import endpoint_config
 from tests.test_group import IDS, _group_data
@@ -26,7 +28,8 @@ CLIENTS = ("Ana", "Ben", "Carla")
 
 def _group_run(path: Path, **group: Any) -> Path:
     with TestServer() as srv:
-        config = parse_config(_group_data(srv.base_url, next_speaker="round_robin", **group), "<test>")
+        config = parse_config(_group_data(srv.base_url, **{"next_speaker": "round_robin", **group}),
+                              "<test>")
         summary = anyio.run(Engine(config, path, progress=False, sleep_scale=0).run)
     assert summary.completed == summary.planned == 4, summary.line()
     return path
@@ -61,23 +64,33 @@ def _turns(run: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def _check_example(messages: list[dict[str, Any]], me: str, turns: list[dict[str, Any]]) -> None:
-    """The example is ``me``'s frame of the dialogue: its turns are assistant messages, every
-    other participant's a user message carrying its id, in order, ending on its own turn."""
+    """The example is ``me``'s frame of the dialogue: its turns are assistant messages, the other
+    participants' turns between two of its own one user message (each turn a "Name: text"
+    paragraph; a lone turn may carry its id in ``name`` instead), so roles alternate as
+    LLaMA-Factory and the Llama 2/Mistral/Gemma templates require, ending on its own turn."""
     assert messages[0]["role"] == "system" and f"You appear in it as {me};" in messages[0]["content"]
     assert messages[-1]["role"] == "assistant"
+    assert llamafactory_keeps(messages)
     body = messages[1:]
     if turns[0]["speaker"] == me:  # the opener is asked to open, as it was
         assert body[0]["role"] == "user" and not body[0]["content"].startswith(tuple(IDS))
         body = body[1:]
     last = max(k for k, t in enumerate(turns) if t["speaker"] == me)
-    assert len(body) == last + 1  # trimmed after its own last turn, nothing else lost
-    for m, t in zip(body, turns, strict=False):
-        if t["speaker"] == me:
-            assert m["role"] == "assistant" and m["content"] == t["text"]
+    runs: list[list[dict[str, Any]]] = []  # the turns up to its last, others' runs grouped
+    for t in turns[: last + 1]:
+        if t["speaker"] != me and runs and runs[-1][0]["speaker"] != me:
+            runs[-1].append(t)
         else:
-            assert m["role"] == "user"
-            named = m.get("name") == t["speaker"] and m["content"] == t["text"]
-            assert named or m["content"] == f"{t['speaker']}: {t['text']}", m
+            runs.append([t])
+    assert len(body) == len(runs)  # trimmed after its own last turn, nothing else lost
+    for m, run in zip(body, runs, strict=True):
+        if run[0]["speaker"] == me:
+            assert m["role"] == "assistant" and m["content"] == run[0]["text"]
+            continue
+        assert m["role"] == "user"
+        named = len(run) == 1 and m.get("name") == run[0]["speaker"] and m["content"] == run[0]["text"]
+        assert named or m["content"] == TURN_SEPARATOR.join(
+            f"{t['speaker']}: {t['text']}" for t in run), m
 
 
 def test_one_participant_is_exported_from_its_own_frame_and_loads_in_datasets(
@@ -94,12 +107,14 @@ def test_one_participant_is_exported_from_its_own_frame_and_loads_in_datasets(
         view = reader.dialogue(row["dialogue_id"])
         ana = next(p for p in view.participants if p["participant_id"] == "Ana")
         assert row["persona_id"] == ana["persona_id"]
-        if row["condition"] == "ecp":  # what the agent was sent, byte for byte, at each of its turns
+        if row["condition"] == "ecp":  # what the agent was sent at each of its turns, byte for
+            # byte once the others' turns in a row are one message
             frame = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
             for i, t in enumerate(view.turns):
                 if t["speaker"] == "Ana":
                     seen = view.seen(i)
-                    assert seen.verified and frame[:len(seen.messages)] == seen.messages
+                    merged, _, _ = alternate(seen.messages, "")
+                    assert seen.verified and frame[:len(merged)] == merged
     # Every format holds the same examples.
     openai = jsonl(out / "openai" / "train.jsonl")
     sharegpt = jsonl(out / "sharegpt" / "train.jsonl")
@@ -109,9 +124,13 @@ def test_one_participant_is_exported_from_its_own_frame_and_loads_in_datasets(
     assert all(r["conversations"][-1]["from"] == "gpt" for r in sharegpt)
     card = json.loads((out / "card.json").read_text())
     assert card["group"] == {"participants": ["Ana"], "roles": {"Ana": "client"},
-                             "speaker_names": ["prefix"], "silent_seats": 0}
+                             "speaker_names": ["prefix"], "silent_seats": 0,
+                             "merged_turns": card["group"]["merged_turns"], "openings_added": 0,
+                             "llamafactory_kept": 4}
+    assert card["group"]["merged_turns"] > 0  # (their layout: _check_example above)
     readme = (out / "README.md").read_text()
     assert "`Ana` (client)" in readme and "as a prefix of the content" in readme
+    assert "LLaMA-Factory keeps all 4 of the 4 examples" in readme
     # The card says what the split guarantees in a group run, and no more.
     assert "first client seat's persona" in readme and "no persona appears in two" not in readme
 
@@ -146,9 +165,13 @@ def test_speakers_named_by_the_name_field_keep_it_where_the_format_has_one(
     for row in rows:
         _check_example(row["messages"], "Facilitator", turns[row["dialogue_id"]])
         others = [m for m in row["messages"][1:] if m["role"] == "user"]
-        assert others and all(m["name"] in CLIENTS for m in others)
+        # A lone turn keeps its name; merged turns carry their prefixes instead.
+        assert others and all(m["name"] in CLIENTS if m.get("name") else
+                              m["content"].startswith(tuple(f"{p}: " for p in CLIENTS))
+                              for m in others)
     openai = jsonl(out / "openai" / "train.jsonl")
-    assert {m.get("name") for r in openai for m in r["messages"] if m["role"] == "user"} == set(CLIENTS)
+    assert {m.get("name") for r in openai for m in r["messages"] if m["role"] == "user"} <= {
+        *CLIENTS, None}
     # ShareGPT has no name field: the id is the prefix there.
     sharegpt = jsonl(out / "sharegpt" / "train.jsonl")
     assert all(c["value"].startswith(tuple(f"{p}: " for p in CLIENTS))
@@ -171,3 +194,51 @@ def test_a_participant_id_on_a_two_party_run_is_a_clear_error(tmp_path: Path, ca
         anyio.run(Engine(config, tmp_path / "run", progress=False, sleep_scale=0).run)
     assert export(tmp_path / "run", tmp_path / "out", "--role", "Ana") == 2
     assert "two-party run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("next_speaker", ["round_robin", "random"])
+def test_every_example_of_every_format_is_one_llamafactory_keeps(
+        tmp_path: Path, next_speaker: str) -> None:
+    """Several other participants speak in a row (round robin always, random often): their turns
+    are one user message, so LLaMA-Factory's reader keeps every example of every file (it kept
+    0-3 of 15), and the card says so; with ``--ending keep`` it says how many it will skip."""
+    run = _group_run(tmp_path / "run", next_speaker=next_speaker)
+    for role in ("client", "responder", "both"):
+        out = tmp_path / f"out-{role}"
+        assert export(run, out, "--role", role) == 0
+        rows = [list(r) for r in load(out)["messages"]]
+        openai = [r["messages"] for r in jsonl(out / "openai" / "train.jsonl")]
+        sharegpt = [[{"role": {"human": "user", "gpt": "assistant"}.get(c["from"], c["from"]),
+                      "content": c["value"]} for c in r["conversations"]]
+                    for r in jsonl(out / "sharegpt" / "train.jsonl")]
+        for examples in (rows, openai, sharegpt):
+            assert examples and all(llamafactory_keeps(m) for m in examples)
+        n = len(rows)
+        assert f"LLaMA-Factory keeps all {n} of the {n} examples" in (out / "README.md").read_text()
+    keep = tmp_path / "keep"
+    assert export(run, keep, "--role", "client", "--ending", "keep") == 0
+    messages = [r["messages"] for r in jsonl(keep / "openai" / "train.jsonl")]
+    kept = sum(llamafactory_keeps(m) for m in messages)
+    card = json.loads((keep / "card.json").read_text())["group"]
+    assert card["llamafactory_kept"] == kept < len(messages)
+    assert (f"LLaMA-Factory keeps {kept} of the {len(messages)} examples"
+            in (keep / "README.md").read_text())
+
+
+def test_alternate_merges_runs_of_others_and_opens_a_frame_that_starts_on_its_own_turn() -> None:
+    system = {"role": "system", "content": "S"}
+    frame = [system, {"role": "assistant", "content": "hi"},
+             {"role": "user", "content": "Ben: one"}, {"role": "user", "content": "two", "name": "Carla"},
+             {"role": "assistant", "content": "ok"}, {"role": "user", "content": "three", "name": "Ben"},
+             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]},
+             {"role": "tool", "content": "42", "tool_call_id": "c1"},
+             {"role": "assistant", "content": "done"}]
+    out, merged, opened = alternate(frame, "Open.")
+    assert opened and merged == 1
+    assert out == [system, {"role": "user", "content": "Open."}, {"role": "assistant", "content": "hi"},
+                   {"role": "user", "content": f"Ben: one{TURN_SEPARATOR}Carla: two"},
+                   {"role": "assistant", "content": "ok"},
+                   {"role": "user", "content": "three", "name": "Ben"},  # a lone turn keeps its name
+                   *frame[6:]]
+    assert llamafactory_keeps(out) and not llamafactory_keeps(frame)
+    assert alternate(out, "Open.") == (out, 0, False)  # already alternating: unchanged

@@ -84,6 +84,12 @@ class GroupStats(BaseModel):
     speaker_names: list[str]
     #: Exported seats that never spoke in their dialogue (no example).
     silent_seats: int = 0
+    #: Other participants' turns merged into the ``user`` message before them (roles alternate).
+    merged_turns: int = 0
+    #: Examples whose frame opened on the participant's own turn, given the opening instruction.
+    openings_added: int = 0
+    #: Examples LLaMA-Factory's ShareGPT reader keeps (roles alternate, an even count).
+    llamafactory_kept: int = 0
 
 
 class CardStats(BaseModel):

@@ -62,7 +62,7 @@ def _overview(s: CardStats) -> list[str]:
              f"**Responder**, generated with spasm from the run `{s.run}`. Every "
              "number on this card is computed from the run's tables.", ""]
     if s.group is not None:
-        lines += _group(s.group)
+        lines += _group(s.group, s.examples)
     elif s.role:
         lines += [f"This export takes {_ROLE_TEXT[s.role]}", ""]
     if s.formats:
@@ -77,23 +77,40 @@ def _overview(s: CardStats) -> list[str]:
 
 _NAMES_TEXT = {
     "prefix": "the speaker's id as a prefix of the content (`Ana: …`)",
-    "name_field": "the speaker's id in the message's `name` field (ShareGPT, which has no such field, "
-    "writes it as a prefix)",
+    "name_field": "the speaker's id in the message's `name` field when it is a lone turn (ShareGPT, which "
+    "has no such field, writes it as a prefix; merged turns carry the prefix)",
 }
 
 
-def _group(g: GroupStats) -> list[str]:
+def _group(g: GroupStats, examples: int) -> list[str]:
     seats = ", ".join(f"`{p}` ({g.roles[p]})" for p in g.participants)
     lines = [f"This is a group conversation export: each example is one conversation from one "
              f"participant's own frame (its ECP projection, whatever the run's condition), for {seats} "
              "(column `participant_id`, its role in `role`). The participant's turns are `assistant` "
-             "messages and every other participant's turn is a `user` message of its own carrying "
+             "messages and every other participant's turn is a `user` message carrying "
              + " or ".join(_NAMES_TEXT.get(n, n) for n in g.speaker_names) + "; every example ends on "
              "a turn of its participant."]
     if g.silent_seats:
         lines[0] += (f" {_n(g.silent_seats)} exported seats never spoke in their conversation and have "
                      "no example.")
-    return [*lines, ""]
+    alternation = ("The turns of the other participants between two of the participant's own are one "
+                   f"`user` message, each turn a paragraph with its speaker's `Name: ` prefix "
+                   f"({_n(g.merged_turns)} turns merged into the message before them), so roles "
+                   "alternate `user`/`assistant` after the system prompt, as LLaMA-Factory's ShareGPT "
+                   "reader and the chat templates of Llama 2, Mistral and Gemma require.")
+    if g.openings_added:
+        alternation += (f" {_n(g.openings_added)} examples whose frame opened on the participant's own "
+                        "turn start with the instruction to open.")
+    kept = (f" LLaMA-Factory keeps {'all' if g.llamafactory_kept == examples else ''} "
+            f"{_n(g.llamafactory_kept)} of the {_n(examples)} examples").replace("  ", " ")
+    if g.llamafactory_kept < examples:
+        kept += (f": it skips {'the other ' if g.llamafactory_kept else ''}"
+                 f"{_n(examples - g.llamafactory_kept)}, whose roles do not "
+                 "alternate or whose message count after the system prompt is odd (an example that "
+                 "ends on a `user` message: `--ending keep`), and so do those chat templates.")
+    else:
+        kept += "; axolotl (`chat_template`) and TRL's SFTTrainer read every example."
+    return [*lines, "", alternation + kept, ""]
 
 
 def _statistics(s: CardStats) -> list[str]:

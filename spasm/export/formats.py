@@ -24,9 +24,11 @@ In a **group** run (format 1.7) an example is one dialogue seen by one participa
 its own ECP frame (:func:`spasm.projection.group_viewer`): its turns are ``assistant``, every
 other participant's a ``user`` message carrying the speaker's id as the run named it ("Ana: …"
 in the content, or the ``name`` field, kept by openai and hf and written as the prefix by
-ShareGPT, which has no such field). The hf files of a group export add a ``participant_id``
-column (:data:`GROUP_META_COLUMNS`), and a ``name`` in each message when some speaker is named
-by the field; two-party exports keep their layout byte for byte.
+ShareGPT, which has no such field); the turns of others between two of its own are one ``user``
+message (:func:`alternate`), so roles alternate as trainers require. The hf files of a group
+export add a ``participant_id`` column (:data:`GROUP_META_COLUMNS`), and a ``name`` in each
+message when some speaker is named by the field; two-party exports keep their layout byte for
+byte.
 
 A builder may return ``None``: the example has no record in that format (a ShareGPT example
 whose first trained turn is flagged). Every example ends on a turn of the role it trains
@@ -62,9 +64,11 @@ __all__ = [
     "HF_WEIGHTED_SCHEMA",
     "META_COLUMNS",
     "SYSTEM_PROMPT_MODES",
+    "TURN_SEPARATOR",
     "Example",
     "ExportFormat",
     "FormatOptions",
+    "alternate",
     "end_on_role",
     "format_names",
     "get_format",
@@ -195,6 +199,36 @@ def end_on_role(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], i
     while end and (messages[end - 1]["role"] != "assistant" or "tool_calls" in messages[end - 1]):
         end -= 1
     return messages[:end], len(messages) - end
+
+
+#: Between two turns of other participants merged into one ``user`` message (:func:`alternate`).
+TURN_SEPARATOR = "\n\n"
+
+
+def alternate(messages: list[dict[str, Any]], opening: str) -> tuple[list[dict[str, Any]], int, bool]:
+    """A group participant's frame with roles that alternate after the system prompt, as
+    LLaMA-Factory's ShareGPT reader and the Llama 2, Mistral and Gemma chat templates require
+    (ECP gives every other participant's turn a ``user`` message of its own, so two or more come
+    in a row): consecutive ``user`` messages become one, each turn a paragraph with its speaker's
+    "Name: " prefix (a turn named by the ``name`` field gets it as the prefix), and a frame whose
+    first message after the system prompt is the participant's own gets ``opening`` (the
+    instruction ECP opens with) before it. Returns the messages, how many ``user`` messages
+    were merged into the one before, and whether the opening was added."""
+    out: list[dict[str, Any]] = []
+    merged = 0
+    for m in messages:
+        prev = out[-1] if out else None
+        if m["role"] == "user" and prev is not None and prev["role"] == "user":
+            content = _prefixed(prev) + TURN_SEPARATOR + _prefixed(m)
+            out[-1] = {k: v for k, v in prev.items() if k != "name"} | {"content": content}
+            merged += 1
+        else:
+            out.append(m)
+    start = 1 if out and out[0]["role"] == "system" else 0
+    opened = len(out) > start and out[start]["role"] == "assistant"
+    if opened:
+        out.insert(start, {"role": "user", "content": opening})
+    return out, merged, opened
 
 
 def sharegpt_cut(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:

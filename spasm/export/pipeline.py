@@ -65,6 +65,7 @@ from spasm.export.formats import (
     ExportFormat,
     FormatOptions,
     SystemPrompt,
+    alternate,
     end_on_role,
     get_format,
     hf_schema,
@@ -86,7 +87,13 @@ from spasm.export.select import DIALOGUE_COLUMNS, Selection, SelectionResult, ch
 from spasm.export.split import SPLIT_NAMES, assign_splits
 from spasm.export.stream import Turn, iter_dialogues, turn_index
 from spasm.export.tooluse import run_tools, tools_for
-from spasm.export.trainers import axolotl_datasets, format_path, llamafactory_dataset_info
+from spasm.export.trainers import (
+    axolotl_datasets,
+    format_path,
+    llamafactory_dataset_info,
+    llamafactory_keeps,
+)
+from spasm.projection import Viewer
 
 __all__ = ["ExportOptions", "ExportSummary", "export_run", "hub_configs"]
 
@@ -181,6 +188,12 @@ class _Built:
     #: whether some message names its speaker by the ``name`` field.
     silent_seats: int = 0
     named: bool = False
+    #: A group export: other participants' turns merged into the user message before them,
+    #: frames given their opening instruction (:func:`alternate`), and examples LLaMA-Factory
+    #: keeps (:func:`llamafactory_keeps`).
+    merged_turns: int = 0
+    openings_added: int = 0
+    llamafactory_kept: int = 0
 
 
 def _publish(stage: Path, out: Path) -> None:
@@ -282,6 +295,8 @@ class _Builder:
             if self.options.ending == "trim":
                 messages, trimmed = end_on_role(messages)
                 self.built.trimmed += trimmed
+            if "participant_id" in extra:  # a group example: what LLaMA-Factory will keep
+                self.built.llamafactory_kept += llamafactory_keeps(messages)
             self.count_masks(messages)
             meta = {k: row.get(k) for k in META_COLUMNS}
             meta.update(role=role, redactions=n_redacted, **extra)
@@ -318,6 +333,11 @@ class _Builder:
                                                else None)  # imported runs: the card is the prompt
             viewer = participant_viewer(row, seats, pid, str(prompt or ""))
             messages = perspective(turns, role, "", untrained=untrained, viewer=viewer, events=events)
+            # (a seat always has a viewer; the fallback keeps the type checker honest)
+            opening = viewer.opening if viewer is not None else Viewer(role, "").opening
+            messages, merged, opened = alternate(messages, opening)
+            self.built.merged_turns += merged
+            self.built.openings_added += opened
             self.built.named = self.built.named or any("name" in m for m in messages)
             persona = seat["persona_id"] or row["persona_id"]  # a responder seat: the dialogue's
             yield role, messages, {"participant_id": pid, "persona_id": persona}
@@ -423,7 +443,8 @@ def _group_stats(
     return GroupStats(
         participants=ids, roles={p: str(exported[p]["role"]) for p in ids},
         speaker_names=sorted({str(s["speaker_names"] or "prefix") for ss in seats.values() for s in ss}),
-        silent_seats=built.silent_seats,
+        silent_seats=built.silent_seats, merged_turns=built.merged_turns,
+        openings_added=built.openings_added, llamafactory_kept=built.llamafactory_kept,
     )
 
 

@@ -20,7 +20,8 @@ from typing import Any
 from spasm.export.formats import ExportFormat
 from spasm.export.tooluse import SHAREGPT_TOOL_TAGS
 
-__all__ = ["AXOLOTL_PREFERENCE", "axolotl_datasets", "format_path", "llamafactory_dataset_info"]
+__all__ = ["AXOLOTL_PREFERENCE", "axolotl_datasets", "format_path", "llamafactory_dataset_info",
+           "llamafactory_keeps"]
 
 FORMAT_PATHS = {"jsonl": "{name}/{split}.jsonl", "parquet": "data/{split}-00000-of-00001.parquet"}
 #: The format an axolotl block reads, in order of preference.
@@ -32,6 +33,16 @@ _TAGS = {
              "system_tag": "system"},
 }
 _MESSAGES = {"sharegpt": "conversations", "openai": "messages", "hf": "messages"}
+
+
+def llamafactory_keeps(messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether LLaMA-Factory's ShareGPT reader keeps an example (its converter skips the others
+    as "abnormal"): after an optional system prompt, ``user`` (or ``tool``: an observation) at
+    every even position and ``assistant`` at every odd one, an even number in all."""
+    body = list(messages[1:] if messages and messages[0]["role"] == "system" else messages)
+    sides = (("user", "tool"), ("assistant",))
+    return bool(body) and len(body) % 2 == 0 and all(
+        m["role"] in sides[k % 2] for k, m in enumerate(body))
 
 
 def format_path(fmt: ExportFormat, split: str) -> str:
