@@ -203,7 +203,8 @@ def test_the_estimators_on_known_trials() -> None:
 def test_the_noise_floor_is_zero_without_spread_and_shrinks_with_more_tasks() -> None:
     rng = np.random.default_rng(0)
     assert _noise_floor([[True] * 4] * 10, [1, 4], rng) == [0.0, 0.0]
-    assert _noise_floor([[True, False]], [1], rng) == [None]  # one task: nothing to draw from
+    assert _noise_floor([[True, False]], [1], rng)[0] == 1.0  # 2 trials: 0 vs 1 happens
+    assert _noise_floor([[True] * 4] * 3, [5], rng) == [None]  # no task has 5 trials
     mixed = [[True, False, True, False], [True, True, True, True], [False] * 4,
              [True, True, False, True]]
     small = _noise_floor(mixed, [1], np.random.default_rng(1))[0]

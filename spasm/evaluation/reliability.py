@@ -38,7 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import comb
 
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import PassHatK, ReliabilityMetrics, ReliabilityRow
@@ -48,7 +47,7 @@ __all__ = ["BOOTSTRAP_REPLICATES", "ESTIMATORS", "pass_hat_all_of_k", "pass_hat_
            "reliability_metrics"]
 
 #: Bootstrap replicates of the noise floor (two runs are drawn per comparison).
-BOOTSTRAP_REPLICATES = 2000
+BOOTSTRAP_REPLICATES = 1000
 #: The share of run-to-run differences the floor covers.
 CONFIDENCE = 0.95
 _SEED = 20260
@@ -90,32 +89,40 @@ def pass_hat_all_of_k(tasks: Sequence[Sequence[bool]], k: int) -> tuple[float | 
 
 def _noise_floor(tasks: Sequence[Sequence[bool]], ks: Sequence[int],
                  rng: np.random.Generator) -> list[float | None]:
-    """Per k: the 95th percentile of |pass^k(run a) − pass^k(run b)| over pairs of bootstrap
-    runs (tasks drawn with replacement, each task's successes drawn binomially from its own
-    rate and trial count). ``None`` for a k that no task reaches, or with fewer than two tasks
-    (a single task has no spread over tasks to draw from)."""
-    n = np.array([len(t) for t in tasks], dtype=int)
-    c = np.array([sum(t) for t in tasks], dtype=int)
-    if len(tasks) < 2:
+    """Per k: the 95th percentile of |pass^k(run a) − pass^k(run b)| over pairs of runs of the
+    same tasks, each task's successes in each run drawn binomially from its own success rate
+    and trial count (its trials drawn again with replacement). ``None`` for a k no task
+    reaches. Replicates go in blocks, so memory stays near ``block × tasks`` whatever the run."""
+    n = np.array([len(t) for t in tasks], dtype=np.int64)
+    c = np.array([sum(t) for t in tasks], dtype=np.int64)
+    if not len(tasks):
         return [None for _ in ks]
     p = c / n
-    reps = BOOTSTRAP_REPLICATES
-    draws = []
-    for _ in range(2):
-        idx = rng.integers(0, len(tasks), size=(reps, len(tasks)))
-        draws.append((n[idx], rng.binomial(n[idx], p[idx])))
-    out: list[float | None] = []
+    top = int(n.max())
+    # table[k, n, c] = C(c, k) / C(n, k): pass^k of a task with c successes in n trials.
+    table = np.zeros((max(ks) + 1, top + 1, top + 1))
     for k in ks:
-        values = []
-        for trials, successes in draws:
-            usable = trials >= k
-            ratio = np.where(usable, comb(successes, k) / np.maximum(comb(trials, k), 1), 0.0)
-            count = usable.sum(axis=1)
-            values.append(np.where(count > 0, ratio.sum(axis=1) / np.maximum(count, 1), np.nan))
-        diff = np.abs(values[0] - values[1])
-        diff = diff[np.isfinite(diff)]
-        out.append(float(np.quantile(diff, CONFIDENCE)) if diff.size and (n >= k).any() else None)
-    return out
+        for trials in range(k, top + 1):
+            table[k, trials, : trials + 1] = [math.comb(x, k) / math.comb(trials, k)
+                                              for x in range(trials + 1)]
+    diffs: dict[int, list[np.ndarray]] = {k: [] for k in ks}
+    block = max(1, min(BOOTSTRAP_REPLICATES, 2_000_000 // max(1, len(tasks))))
+    done = 0
+    while done < BOOTSTRAP_REPLICATES:
+        reps = min(block, BOOTSTRAP_REPLICATES - done)
+        a = rng.binomial(n, p, size=(reps, len(tasks)))
+        b = rng.binomial(n, p, size=(reps, len(tasks)))
+        for k in ks:
+            usable = n >= k
+            if not usable.any():
+                continue
+            rows = n[usable]
+            va = table[k, rows, a[:, usable]].mean(axis=1)
+            vb = table[k, rows, b[:, usable]].mean(axis=1)
+            diffs[k].append(np.abs(va - vb))
+        done += reps
+    return [float(np.quantile(np.concatenate(diffs[k]), CONFIDENCE)) if diffs[k] else None
+            for k in ks]
 
 
 def _row(pairing: str, condition: str, scenario: str, tasks: Sequence[_Task], k_max: int,
