@@ -22,10 +22,11 @@ TWO = ("client", "responder")
 GROUP = ("Ana", "Ben", "Helper")
 
 
-def _viewer(me: str, seats: tuple[str, ...]) -> Viewer:
+def _viewer(me: str, seats: tuple[str, ...], names: str = "prefix") -> Viewer:
     if seats == TWO:
         return Viewer(me, f"frame of {me}", responder_role="agent")
-    return group_viewer(me, f"frame of {me}", seats, responder_role="agent")
+    return group_viewer(me, f"frame of {me}", seats, responder_role="agent",
+                        speaker_names="name_field" if names == "name_field" else "prefix")
 
 
 def _random_history(rng: random.Random, seats: tuple[str, ...]) -> tuple[History, list[Event]]:
@@ -76,18 +77,25 @@ def _shown(e: Event) -> list[str]:
     return [*e.payload, *([e.notice] if e.notice else [])]
 
 
-@pytest.mark.parametrize("seats", [TWO, GROUP], ids=["two-party", "group"])
+@pytest.mark.parametrize(("seats", "names"), [(TWO, "prefix"), (GROUP, "prefix"),
+                                               (GROUP, "name_field")],
+                         ids=["two-party", "group", "group-name-field"])
 def test_no_egocentric_frame_holds_an_invisible_payload_and_concat_holds_every_event(
-    seats: tuple[str, ...],
+    seats: tuple[str, ...], names: str,
 ) -> None:
     rng = random.Random(31)
     checked = 0
     for _ in range(400):
         history, events = _random_history(rng, seats)
         for me in seats:
-            viewer = _viewer(me, seats)
+            viewer = _viewer(me, seats, names)
             for condition in ("ecp", "quoted"):
                 frame = _text(project(history, viewer, condition))  # type: ignore[arg-type]
+                assert '"role": "tool"' not in frame or condition == "ecp"
+                for m in project(history, viewer, condition):
+                    if m["role"] == "tool":  # only ever the viewer's own results
+                        assert any(e.call_id == m["tool_call_id"] and e.actor == me
+                                   for e in events)
                 for e in events:
                     if not e.visible(me):
                         for secret in _shown(e):

@@ -91,6 +91,8 @@ def test_a_python_responder_acts_on_the_world_and_the_run_records_it(tmp_path: P
                           and any(e["turn_index"] == i for e in view.events))
     seen = view.seen(responder_turn)
     assert seen.verified is True and len(seen.steps) == 2
+    # Under ECP each earlier step's frame is a prefix of the verified one.
+    assert all(step == seen.messages[:len(step)] for step in seen.steps)
     roles = [m["role"] for m in seen.messages]
     assert roles[-3:] == ["assistant", "tool", "tool"]
     steps = sum(len(view.seen(i).steps) for i in range(len(view.turns)))
