@@ -313,3 +313,29 @@ def test_rerunning_an_interrupted_session_resumes_it_with_the_same_pseudonym(tmp
     assert dialogue["operator"] == first
     assert [t["text"] for t in turns if t["speaker"] == "client"] == ["My first line."]
     assert any(c["cache_hit"] for c in calls if c["backend"] == "srv")  # the reply, replayed
+
+
+@pytest.mark.e2e
+def test_a_harnessed_partner_and_an_audit_never_ask_the_person(tmp_path: Path, server: Any) -> None:
+    cfg = _config(tmp_path, server.base_url, harness={"responder": "C", "audit": True})
+    done = _pipe(cfg, tmp_path / "run", ["Hello, I need help.", "It is about my bill.", "/end", ""],
+                 "--seat", "client")
+    assert done.returncode == 0, done.stderr
+    dialogue, _, calls = _read(tmp_path / "run")
+    assert dialogue["harness_level"] == "A/C"  # the person at A, the partner at its level
+    assert {c["role"] for c in calls if c["backend"] == "human"} == {"client"}
+    assert {"audit", "reducer"} <= {c["role"] for c in calls if c["backend"] == "srv"}
+
+
+@pytest.mark.e2e
+def test_under_quoted_the_person_is_shown_the_transcript_the_seat_is_sent(tmp_path: Path,
+                                                                         server: Any) -> None:
+    done = _pipe(_config(tmp_path, server.base_url), tmp_path / "run",
+                 ["Hello there.", "My bill is wrong.", "/end", ""],
+                 "--seat", "responder", "--condition", "quoted")
+    assert done.returncode == 0, done.stderr
+    assert "(what your seat is sent):" in done.stdout and "> You: Hello there." in done.stdout
+    dialogue, turns, _ = _read(tmp_path / "run")
+    assert dialogue["condition"] == "quoted"
+    assert [t["text"] for t in turns if t["speaker"] == "responder"] == ["Hello there.",
+                                                                         "My bill is wrong."]

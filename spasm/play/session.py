@@ -3,10 +3,10 @@
 :func:`play_config` turns a run config into the config of one played dialogue: the chosen seat
 goes to a ``kind: human`` backend (level A: a person needs no harness), every other seat keeps
 its backend and level, and whatever defaulted to the seat's backend (the termination judge, the
-goal judge, the persona pipeline, the harness's own calls, the moderator) is pinned to that
+goal judge, the persona pipeline, the moderator, an audit) is pinned to that
 model, so no judge or harness call ever reaches the person. The plan holds exactly one
 dialogue: one persona (``personas.ids``), one condition, one scenario, one conversation; so a
-play run is a complete run like any other (resume, merge, export, the viewer).
+play run is a complete run like any other (resume, eval, export, the viewer).
 
 :func:`play` runs it through the :class:`~spasm.engine.Engine`: the same caller, cache, limits
 and harness as ``spasm generate``.
@@ -119,8 +119,11 @@ def play_config(
                          ("personas", "backend")):
         if data[section].get(key) is None:
             data[section][key] = judges_default
-    if data["harness"].get("backend") is None:
+    if data["harness"].get("backend") is None and data["harness"].get("audit"):
+        # An audit checks every seat with the seat's own backend unless told: not the person's.
+        # (Otherwise the simulated seats' harness calls stay on their own backends.)
         data["harness"]["backend"] = replaced
+        notes.append(f"harness.backend is {replaced} (the audit would otherwise ask the person)")
     for probe in ("recall_probe", "persona_probes"):
         if data["harness"].get(probe):
             data["harness"][probe] = False

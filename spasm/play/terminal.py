@@ -72,7 +72,8 @@ class TerminalPerson:
             self.say(textwrap.fill(para, self.width, initial_indent=indent,
                                    subsequent_indent=indent) if para.strip() else "")
 
-    def _render(self, messages: Sequence[Message], speaker: str, opening: bool) -> None:
+    def _render(self, messages: Sequence[Message], speaker: str, opening: bool,
+                whole: bool = False) -> None:
         partner = _PARTNER.get(speaker, "")
         for m in messages:
             if m["role"] == "system":
@@ -86,6 +87,8 @@ class TerminalPerson:
                 self._block("You", m["content"])
             elif opening:
                 self._block("(how the seat is asked to begin)", m["content"])
+            elif whole:  # concat / quoted: one message that holds the transcript
+                self._block("(what your seat is sent)", m["content"])
             else:
                 who = m.get("name") or partner or "Them"
                 self._block(who, m["content"])
@@ -104,7 +107,8 @@ class TerminalPerson:
             self._render(messages[len(before):], speaker, opening)
         elif before is not None:  # concat / quoted: the view is one transcript, shown again
             self.say("-- the conversation as your seat sees it now --")
-            self._render([m for m in messages if m["role"] != "system"], speaker, opening)
+            self._render([m for m in messages if m["role"] != "system"], speaker, opening,
+                         whole=True)
         else:
             self._render(messages, speaker, opening)
         self._shown[key] = messages
