@@ -1,4 +1,4 @@
-"""The run engine (SPEC §6): plans the dialogues, runs many at once, streams results to disk.
+"""The run engine (docs/engine.md): plans the dialogues, runs many at once, streams results to disk.
 
 Parallelism is across dialogues (a dialogue is a sequential chain of calls); each backend's
 limits live in :mod:`spasm.calls`. Completed dialogues are flushed in batches of

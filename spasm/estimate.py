@@ -1,4 +1,5 @@
-"""Dry-run cost estimates by construction (SPEC §6): calls, tokens and cost before spending.
+"""Dry-run cost estimates by construction (docs/engine.md, "Cost control"): calls, tokens and
+cost before spending.
 
 The dry run does not model the run with a formula of its own: it *runs* the planned dialogues
 through the same code (:func:`spasm.simulation.simulate_dialogue`, the harness at each level,

@@ -1,5 +1,5 @@
-"""The persona stage of a run (SPEC §2): draw candidates, check them by rules and, if asked,
-by a model, craft their cards, compile their policies.
+"""The persona stage of a run (README, "What a run writes"): draw candidates, check them by
+rules and, if asked, by a model, craft their cards, compile their policies.
 
 The persona *definitions* (schema, sampler, rules, card templates) live in
 :mod:`spasm.personas` and call no model; this stage is where models are called, through the
@@ -82,9 +82,9 @@ async def build_personas(
     drawing a million personas takes minutes).
 
     With ``compile_policy`` each accepted persona's card is also compiled into its policy
-    (SPEC §4.1), stored as the ``policy`` JSON column with its ``policy_version``; the engine
-    passes the harness's one extraction path (:func:`spasm.harness.policy.client_policy`), so
-    this package knows nothing of the harness.
+    (docs/harness.md, "The layers"), stored as the ``policy`` JSON column with its
+    ``policy_version``; the engine passes the harness's one extraction path
+    (:func:`spasm.harness.policy.client_policy`), so this package knows nothing of the harness.
     """
     if (llm_validate or llm_craft) and (caller is None or backend is None):
         raise ConfigError("LLM validation or crafting needs a backend (personas.backend)")

@@ -17,7 +17,7 @@ already has (a built-in, or one spasm's own modules registered) is refused unles
 passes ``replace=True`` (then the built-in is imported first, the plugin's replaces it, and
 spasm warns and records the replacement in the manifest), and a name another plugin
 registered is refused whatever it passes. Registrations made outside a plugin (spasm's own,
-a test's, a script's) replace as before.
+a test's, a script's) replace the name's implementation (the last one registered wins).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Registry(Generic[T]):
 
         plugin = loading_plugin()
         if plugin is None:
-            return  # spasm's own registration, a test's or a script's: replaces as before
+            return  # spasm's own registration, a test's or a script's: the last one wins
         self._import_home()  # the built-ins first, so a plugin cannot take their names
         owner = self._owners.get(name)
         if owner == plugin.owner:

@@ -60,7 +60,8 @@ def dialogue_id(persona_id: str, k: int, client: str, responder: str, condition:
     then ``-<level>`` in a harness sweep; in a run with scenarios ``-s<scenario>`` follows
     ``k<k>``. Every part after the persona id is free of ``-`` (:func:`id_part`; a level is one
     letter), so reading from the right recovers each part: different dialogues of a run never
-    share an id, whatever their names. Without scenarios ids are byte-identical to before."""
+    share an id, whatever their names (tests/test_hardening_ids.py). Without scenarios there
+    is no ``-s`` part, so the ids of such runs never change (tests/test_golden_run.py)."""
     sid = "" if scenario is None else f"-s{id_part(scenario)}"
     did = f"{persona_id}-k{k}{sid}-{id_part(client)}-{id_part(responder)}-{id_part(condition)}"
     return did if level is None else f"{did}-{level}"
@@ -146,8 +147,8 @@ def group_dialogue_id(index: int, condition: str, scenario: str | None = None) -
     """A group dialogue's id: ``g<index>-<condition>``; in a run with scenarios
     ``g<index>-s<scenario>-<condition>`` (as :func:`dialogue_id` puts ``-s<scenario>`` after
     the conversation). Unique by construction: the index is the dialogue's place in the plan,
-    the scenario and the condition escaped like every id part. Without scenarios ids are
-    byte-identical to before."""
+    the scenario and the condition escaped like every id part. Without scenarios there is no
+    ``-s`` part."""
     sid = "" if scenario is None else f"-s{id_part(scenario)}"
     return f"g{index:04d}{sid}-{id_part(condition)}"
 

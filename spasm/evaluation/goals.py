@@ -1,4 +1,4 @@
-"""Goal success of a run with scenarios (issue 18 item 2): the share of dialogues whose
+"""Goal success of a run with scenarios (README, "Scenarios with goals"): the share of dialogues whose
 goal the goal judge decided was met (``dialogues.goal_met``), per condition (all pairings),
 per pairing × condition and per scenario × condition, each with a Wilson 95% interval
 (:func:`spasm.evaluation.stats.wilson_interval`). The paired comparison of conditions on the

@@ -1,5 +1,5 @@
-"""Role confusion in group dialogues (issue 19 item 5): who speaks as whom, who repeats whom,
-whose persona drifts, who is ignored, and which two lock the floor.
+"""Role confusion in group dialogues (docs/evaluation.md, "Group dialogues"): who speaks as
+whom, who repeats whom, whose persona drifts, who is ignored, and which two lock the floor.
 
 Five detectors, each a pure function of a dialogue's speakers (participant ids) and texts,
 offline and deterministic (docs/evaluation.md, "Group dialogues"):

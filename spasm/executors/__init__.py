@@ -1,4 +1,4 @@
-"""Running one plan beyond one process (SPEC §11): deterministic shards, and executors on an
+"""Running one plan beyond one process (docs/cluster.md): deterministic shards, and executors on an
 existing engine (Ray) that run the shards and merge them.
 
 ==================  ===================================================================

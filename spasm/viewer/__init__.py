@@ -1,4 +1,4 @@
-"""``spasm view``: a local web app to browse, compare and annotate a run (SPEC §9).
+"""``spasm view``: a local web app to browse, compare and annotate a run (docs/viewer.md).
 
 ==================  =====================================================================
 Module              What it does
