@@ -306,6 +306,7 @@ def _consistency_reply(body: dict[str, Any]) -> str:
     return default_reply(body)
 
 
+@pytest.mark.e2e
 def test_prompt_to_line_on_own_content_judges_only_what_changed(tmp_path: Path) -> None:
     run, table = _known_run(tmp_path)
     with TestServer(reply=_consistency_reply, models=("judge-model",)) as srv:

@@ -79,6 +79,7 @@ def _errors(run: Path) -> pd.DataFrame:
     return pd.read_parquet(run / "errors.parquet")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("target, said", [
     ("blocks", "the call is abandoned: its thread runs on until the function returns"),
     ("blocks_its_loop", "its event loop has been blocked for"),
@@ -99,6 +100,7 @@ def test_a_blocking_agent_times_out_and_the_command_exits(
     assert all("did not return within timeout_s=1.5s" in m and said in m for m in errors.error)
 
 
+@pytest.mark.e2e
 def test_sigterm_while_an_async_agent_blocks_its_loop_stops_cleanly(tmp_path: Path) -> None:
     with TestServer() as srv:
         cfg = _config(tmp_path, srv.base_url, "blocks_its_loop", timeout_s=3000, max_attempts=1)

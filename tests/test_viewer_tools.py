@@ -140,6 +140,7 @@ def shop_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "run"
 
 
+@pytest.mark.e2e
 def test_a_generated_tool_run_is_viewed_evaluated_and_exported(shop_run: Path, tmp_path: Path) -> None:
     run = open_run(shop_run)
     dialogues = run.dialogues
