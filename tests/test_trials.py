@@ -160,8 +160,12 @@ def _expected(dialogues: pd.DataFrame, condition: str, k: int) -> tuple[float, f
 
 
 @pytest.mark.e2e
-def test_eval_reports_pass_hat_k_by_both_estimators_and_the_noise_floor(trial_run: Path) -> None:
+def test_eval_reports_pass_hat_k_by_both_estimators_and_the_noise_floor(
+    trial_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["eval", str(trial_run), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Reliability (ecp, 4 tasks): pass^1 " in printed and "noise floor" in printed
     metrics = json.loads((trial_run / "eval" / "metrics.json").read_text())
     r = metrics["reliability"]
     assert r["outcome"] == "goal_met" and r["trials"] == 3 and r["tasks"] == 2 * 2 * 2

@@ -342,6 +342,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if r.pairing == "all" and r.scenario_id == "all" and r.rate is not None:
                 print(f"Goal met ({r.condition}): {r.n_met}/{r.n} = {r.rate:.1%} "
                       f"[95% CI {r.ci_low or 0:.2f}, {r.ci_high or 0:.2f}]")
+    if metrics.reliability is not None:  # a run with trials: pass^k per condition
+        for row in metrics.reliability.rows:
+            if row.pairing == "all" and row.scenario_id == "all":
+                ks = " ".join(f"pass^{p.k} {p.unbiased:.2f}" for p in row.pass_hat
+                              if p.unbiased is not None)
+                floor = row.pass_hat[0].noise_floor if row.pass_hat else None
+                print(f"Reliability ({row.condition}, {row.tasks} tasks): {ks or 'no outcome'}"
+                      + (f"; noise floor {floor:.3f}" if floor is not None else "")
+                      + (f"; {row.flip_share:.0%} of tasks flip" if row.flip_share is not None
+                         else ""))
+    if metrics.payload_leak is not None:  # a run with tools: the Client repeats hidden payloads
+        for r in metrics.payload_leak.rates:
+            if r.pairing == "all" and r.condition != "all" and r.rate is not None:
+                print(f"Payload leaks ({r.condition}): {r.n_leaking}/{r.n} = {r.rate:.1%}")
     if metrics.group is not None:  # a group run: role confusion per condition
         from spasm.evaluation.compare import group_text
 
