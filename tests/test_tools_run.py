@@ -5,6 +5,7 @@ steps, and every bad input an exit 2 before any call."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 from pathlib import Path
@@ -190,6 +191,9 @@ BAD: dict[str, tuple[Any, str]] = {
         {"scenario": {"reference_actions": [{"tool": "check_app", "actor": "responder"}],
                       "tools": None}}, "'responder' does not own 'check_app'"),
     "world not JSON": ({"world": "{not json"}, "line 1: the world of scenario 'late-kettle'"),
+    "inline world not JSON": ({"scenario": {"world": {"since": datetime.date(2024, 1, 2)}}},
+                              "the world is not JSON"),
+    "world not a mapping": ({"world": "[1, 2]"}, "the world is a JSON object (a mapping), not list"),
     "reference actions that fail": (
         {"scenario": {"reference_actions": [{"tool": "cancel_order",
                                              "arguments": {"order_id": "5120"}}]}},
