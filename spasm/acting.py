@@ -15,6 +15,7 @@ call, each dialogue's :class:`~spasm.tools.ToolBelt`, its events and worlds rows
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spasm.config import RunConfig, read_user_text
+from spasm.dataset.integrity import file_sha256
 from spasm.dataset.rows import EventRow, WorldRow
 from spasm.errors import ConfigError
 from spasm.history import History
@@ -29,8 +31,8 @@ from spasm.scenarios import Scenario, Success
 from spasm.simulation import event_row
 from spasm.tools import Tool, ToolBelt, canonical_json, load_tools, replay, world_sha256
 
-__all__ = ["Reward", "belt_for", "check_tools", "gold_world", "reward", "run_tools", "tool_rows",
-           "world_of"]
+__all__ = ["Reward", "belt_for", "check_tools", "gold_world", "reward", "run_tools", "tool_changes",
+           "tool_rows", "tools_record", "world_of"]
 
 _LOADED: dict[tuple[str, ...], dict[str, Tool]] = {}
 
@@ -141,6 +143,43 @@ async def check_tools(config: RunConfig, scenarios: Sequence[Scenario] | None) -
                 raise ConfigError(f"{t.where}: tool {t.name!r} is owned by "
                                   f"{', '.join(t.owner)}, which is no seat of this run "
                                   f"({', '.join(f'{k} ({v})' for k, v in seats.items())}).")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def tools_record(config: RunConfig, scenarios: Sequence[Scenario] | None) -> dict[str, Any] | None:
+    """What a run's manifest records of its tools and worlds, so a resume can tell an edit the
+    config's fingerprint cannot see (it names files): each tool's definition (schema, owner,
+    visibility, notice, timeout) and its module file's sha256, each scenario's initial world;
+    ``sha256`` of it all. ``None`` in a run without tools."""
+    tools = run_tools(config)
+    if not tools:
+        return None
+    defined = {t.name: _digest({"spec": t.spec(), "owner": list(t.owner), "mutates": t.mutates,
+                                "visible_to": t.visible_to, "notice": t.notice,
+                                "timeout_s": t.timeout_s}) for t in tools.values()}
+    sources: dict[str, str] = {}
+    for t in tools.values():
+        where = t.where.rpartition(":")[0]
+        if where and Path(where).is_file():
+            sources[t.name] = file_sha256(Path(where))
+    worlds = {s.id: world_sha256(world_of(s)) for s in scenarios or ()}
+    record = {"tools": defined, "sources": sources, "worlds": worlds}
+    return {**record, "sha256": _digest(record)}
+
+
+def tool_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """What differs between two :func:`tools_record` s, for messages."""
+    parts = []
+    for key, what in (("tools", "tool definitions"), ("sources", "tool code"),
+                      ("worlds", "scenario worlds")):
+        a, b = old.get(key) or {}, new.get(key) or {}
+        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        if changed:
+            parts.append(f"{what}: {', '.join(changed[:8])}")
+    return "; ".join(parts) or "their digest differs"
 
 
 def belt_for(config: RunConfig, scenario: Scenario | None) -> ToolBelt | None:

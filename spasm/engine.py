@@ -24,7 +24,7 @@ import anyio
 import anyio.to_thread
 from tqdm import tqdm
 
-from spasm.acting import check_tools
+from spasm.acting import check_tools, tool_changes, tools_record
 from spasm.backends import Backend
 from spasm.calls import Cache, Caller, CallScope
 from spasm.config import RunConfig, config_differences
@@ -140,6 +140,9 @@ class Engine:
         #: when the run directory is checked, ``None`` in a run without scenarios or one
         #: written before the record existed.
         self._scenarios: dict[str, Any] | None = None
+        #: A run with tools: what the manifest records of its tools and worlds
+        #: (:func:`spasm.acting.tools_record`), checked on a resume.
+        self._tools: dict[str, Any] | None = None
         #: The same for the rows of ``personas.source`` (``None``: no source, or a run
         #: written before the record existed), and the file as read for it.
         self._personas_source: dict[str, Any] | None = None
@@ -152,6 +155,7 @@ class Engine:
             raise UserError(f"--out {self.run_dir} is a file; name a directory for the run.")
         check_output(self.run_dir, "generate", overwrite=self.overwrite)
         self._scenarios = scenarios_record(self.config)
+        self._tools = tools_record(self.config, run_scenarios(self.config))
         self._personas_source = self._source_record()
         cfg_file = self.run_dir / "config.json"
         if not cfg_file.exists():
@@ -186,6 +190,7 @@ class Engine:
             self._refuse_legacy_ids()
             self._check_schema(old.get("persona_schema"))
             self._check_scenarios()
+            self._check_tools()
             self._check_personas_source()
         return self.overwrite
 
@@ -284,6 +289,25 @@ class Engine:
             "run with another --out (or --overwrite to replace this one)."
         )
 
+    def _check_tools(self) -> None:
+        """A resumed run with tools runs the tools and worlds its stored dialogues ran (their
+        files are named by path: the fingerprint cannot see an edit, the manifest's digest
+        can)."""
+        if self._tools is None or not self.store.parts("dialogues"):
+            return
+        try:
+            manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return  # no readable manifest: nothing to compare with (recorded anew)
+        stored = manifest.get("tools") if isinstance(manifest, dict) else None
+        if not isinstance(stored, dict) or stored.get("sha256") == self._tools["sha256"]:
+            return
+        raise UserError(
+            f"the tools or worlds changed since {self.run_dir} was started "
+            f"({tool_changes(stored, self._tools)}); its stored dialogues acted with them as they "
+            "were, so resuming would mix the two. Restore the files to resume, or start a new run "
+            "with another --out (or --overwrite to replace this one).")
+
     def _refuse_legacy_ids(self) -> None:
         """A run whose dialogue ids an older spasm built with unescaped ``-`` in backend names
         is refused: resuming it would not recognise one stored dialogue and pay for all again."""
@@ -316,6 +340,8 @@ class Engine:
         )
         if self._scenarios is not None:  # checked when the run is resumed (_check_scenarios)
             record["scenarios"] = self._scenarios
+        if self._tools is not None:  # and this (_check_tools)
+            record["tools"] = self._tools
         if self._personas_source is not None:  # and this (_check_personas_source)
             record["personas_source"] = self._personas_source
         write_json(self.run_dir / "manifest.json", record)

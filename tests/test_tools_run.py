@@ -19,6 +19,7 @@ from spasm.cli import main
 from spasm.config import parse_config
 from spasm.dataset import open_run
 from spasm.engine import Engine
+from spasm.errors import UserError
 from spasm.testing import TestServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -310,3 +311,21 @@ def test_a_group_run_with_tools_keeps_each_seats_actions_to_what_it_may_see(
                     assert "39.9" not in frame  # another seat's result (what was paid)
                     checked += 1
     assert checked > 0
+
+
+def test_a_resume_refuses_tools_or_worlds_edited_since_the_run_started(tmp_path: Path) -> None:
+    world = tmp_path / "world.json"
+    world.write_text((SHOP / "world.json").read_text())
+    with TestServer(reply=_client) as srv:
+        data = _config(srv.base_url, tmp_path)
+        data["scenarios"][0]["world"] = str(world)
+        _generate(data, tmp_path / "run")
+        manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+        assert set(manifest["tools"]) == {"tools", "sources", "worlds", "sha256"}
+        original = world.read_text()
+        world.write_text(original.replace("39.9", "49.9"))
+        with pytest.raises(UserError, match=r"scenario worlds: late-kettle"):
+            _generate(data, tmp_path / "run")
+        world.write_text(original)
+        again = _generate(data, tmp_path / "run")  # as it was: resumes, nothing new
+    assert again.new == 0 and again.completed == again.planned
