@@ -339,3 +339,31 @@ def test_under_quoted_the_person_is_shown_the_transcript_the_seat_is_sent(tmp_pa
     assert dialogue["condition"] == "quoted"
     assert [t["text"] for t in turns if t["speaker"] == "responder"] == ["Hello there.",
                                                                          "My bill is wrong."]
+
+
+def test_a_run_written_in_one_step_keeps_who_filled_each_seat(tmp_path: Path) -> None:
+    """An import of people's conversations (spasm import, later) writes the 1.10 columns
+    through write_finished_run; a run without them keeps its columns."""
+    from spasm.dataset.store import write_finished_run
+
+    def dialogue(did: str, **human: Any) -> dict[str, Any]:
+        return {"dialogue_id": did, "persona_id": "p0", "conversation_index": 0, "condition": "ecp",
+                "pairing": "human×m", "client_backend": "people", "client_model": "human",
+                "responder_backend": "bot", "responder_model": "m", "seed": 0, "n_utterances": 2,
+                "termination_reason": "imported", **human}
+
+    turns = [{"dialogue_id": "d0", "turn_index": 0, "speaker": "client", "text": "hi"},
+             {"dialogue_id": "d0", "turn_index": 1, "speaker": "responder", "text": "hello"}]
+    persona = {"persona_id": "p0", "persona_index": 0, "card": "A person."}
+    write_finished_run(tmp_path / "people", {
+        "personas": [persona],
+        "dialogues": [dialogue("d0", client_kind="human", responder_kind="llm", operator="src-17",
+                               interface="import")],
+        "turns": turns}, {"schema_version": "1.10"}, persona_fields=([], set()))
+    (row,) = open_run(tmp_path / "people").table("dialogues").to_pylist()
+    assert (row["client_kind"], row["operator"], row["interface"]) == ("human", "src-17", "import")
+    write_finished_run(tmp_path / "models", {"personas": [persona], "dialogues": [dialogue("d0")],
+                                             "turns": turns}, {"schema_version": "1.10"},
+                       persona_fields=([], set()))
+    stored = pq.read_schema(next((tmp_path / "models" / "dialogues.parquet").glob("*.parquet")))
+    assert "client_kind" not in stored.names

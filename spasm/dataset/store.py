@@ -379,6 +379,17 @@ class RunStore:
                 self.compact(d.name[: -len(".parquet")])
 
 
+def _has_people(tables: Mapping[str, Sequence[RowLike]]) -> bool:
+    """Whether rows to write say who filled a seat (the 1.10 columns: ``client_kind``,
+    ``responder_kind``, a participant's ``kind``), so the run gets the human-seat columns."""
+    def said(row: RowLike, columns: tuple[str, ...]) -> bool:
+        get = row.get if isinstance(row, Mapping) else row.__dict__.get
+        return any(get(c) is not None for c in columns)
+
+    return (any(said(r, ("client_kind", "responder_kind")) for r in tables.get("dialogues", ()))
+            or any(said(r, ("kind",)) for r in tables.get("participants", ())))
+
+
 def write_finished_run(
     out: Path,
     tables: Mapping[str, Sequence[RowLike]],
@@ -402,6 +413,8 @@ def write_finished_run(
             store.declare_group()
         if tables.get("events") is not None:  # a run with tools: its dialogues' rewards
             store.declare_tools()
+        if _has_people(tables):  # a person in a seat (an import of people's conversations)
+            store.declare_humans()
         store.write_batch("000001", tables)
         store.ensure_tables(("personas", "dialogues", "turns"))
         store.compact_all()
