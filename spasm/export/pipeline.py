@@ -86,7 +86,7 @@ from spasm.export.seats import (
 from spasm.export.select import DIALOGUE_COLUMNS, Selection, SelectionResult, check_selection, select
 from spasm.export.split import SPLIT_NAMES, assign_splits
 from spasm.export.stream import Turn, iter_dialogues, turn_index
-from spasm.export.tooluse import run_tools, tools_for
+from spasm.export.tooluse import offered_tools, run_tools, tools_for
 from spasm.export.trainers import (
     axolotl_datasets,
     format_path,
@@ -259,6 +259,7 @@ class _Builder:
         # A run with tools: each dialogue's events, and the tools each role could call.
         self.events = events_by_dialogue(run, only=self.rows)
         self.tools = run_tools(run) if run.has("events") else None
+        self.offered = offered_tools(run, only=self.rows) if self.tools is not None else {}
 
     def untrained(self, did: str) -> set[int]:
         """Turns not to train on: flagged by the harness, or with a kept unredactable finding."""
@@ -301,7 +302,9 @@ class _Builder:
             meta = {k: row.get(k) for k in META_COLUMNS}
             meta.update(role=role, redactions=n_redacted, **extra)
             if self.tools is not None:
-                meta["tools"] = json.dumps(tools_for(self.tools, role, extra.get("participant_id")),
+                seat = extra.get("participant_id")
+                offered = self.offered.get((did, seat or role))  # None: no call log to say
+                meta["tools"] = json.dumps(tools_for(self.tools, role, seat, offered),
                                            ensure_ascii=False)
                 messages = [{**m, "tool_calls": json.dumps(m["tool_calls"], ensure_ascii=False)}
                             if "tool_calls" in m else m for m in messages]

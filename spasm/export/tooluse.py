@@ -12,9 +12,10 @@ examples (the bug areal-project/AReaL#1741 had by stripping messages by role). E
 turn's utterance; nothing else is trained.
 
 Each example also carries ``tools``: the OpenAI ``tools`` items of the tools the trained role
-or seat could call (``owner``), read from the tool modules the run's ``config.json`` names
-(:func:`spasm.tools.load_tools`, the one loader), so the schemas are those the agent was
-offered. The formats render them as their trainers document:
+or seat could call (``owner``) and was offered in that dialogue (the names its calls'
+``params`` record: a scenario may offer fewer), read from the tool modules the run's
+``config.json`` names (:func:`spasm.tools.load_tools`, the one loader), so the schemas are
+those the agent was offered. The formats render them as their trainers document:
 
 * **openai**: ``tools`` beside ``messages``; ``tool_calls`` on assistant messages (no content
   when a step only calls), ``tool`` messages with ``tool_call_id``;
@@ -42,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from spasm.dataset import Run
+from spasm.dataset.columns import load_params
 from spasm.errors import ConfigError, UserError
 from spasm.history import Event, History, Utterance
 from spasm.projection import Viewer, get_projection
@@ -51,6 +53,7 @@ __all__ = [
     "SHAREGPT_TOOL_TAGS",
     "has_tool_messages",
     "hf_tool_fields",
+    "offered_tools",
     "openai_tool_message",
     "run_tools",
     "sharegpt_tool_turns",
@@ -87,11 +90,34 @@ def run_tools(run: Run) -> dict[str, tuple[dict[str, Any], tuple[str, ...]]]:
     return {name: (t.spec(), t.owner) for name, t in tools.items()}
 
 
+def offered_tools(run: Run, only: Collection[str] | None = None) -> dict[tuple[str, str], set[str]]:
+    """The tools each speaker was offered in each dialogue, ``(dialogue id, speaker) -> names``:
+    the ``tools`` of its calls' ``params`` (a scenario may offer fewer than the role owns); a
+    speaker with calls but none offering tools has an empty set, one without calls (a run
+    written without its call log) no entry."""
+    if not run.has("calls"):
+        return {}
+    table = run.table("calls", ["dialogue_id", "role", "params"])
+    out: dict[tuple[str, str], set[str]] = {}
+    for did, role, raw in zip(*(table.column(c).to_pylist() for c in ("dialogue_id", "role",
+                                                                        "params")), strict=True):
+        if did is None or (only is not None and did not in only):
+            continue
+        params = load_params(raw)
+        names = out.setdefault((str(did), str(role)), set())  # calls, maybe none with tools
+        if params is not None and params.tools:
+            names.update(params.tools)
+    return out
+
+
 def tools_for(tools: Mapping[str, tuple[dict[str, Any], tuple[str, ...]]], role: str,
-              seat: str | None = None) -> list[dict[str, Any]]:
-    """The ``tools`` items of the tools ``role`` (or the participant ``seat``) may call."""
-    return [spec for spec, owner in tools.values()
-            if role in owner or (seat is not None and seat in owner)]
+              seat: str | None = None, offered: Collection[str] | None = None,
+              ) -> list[dict[str, Any]]:
+    """The ``tools`` items of the tools ``role`` (or the participant ``seat``) may call; with
+    ``offered``, of those it was offered in the dialogue."""
+    return [spec for name, (spec, owner) in tools.items()
+            if (role in owner or (seat is not None and seat in owner))
+            and (offered is None or name in offered)]
 
 
 def tool_perspective(
