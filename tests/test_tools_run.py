@@ -329,3 +329,20 @@ def test_a_resume_refuses_tools_or_worlds_edited_since_the_run_started(tmp_path:
         world.write_text(original)
         again = _generate(data, tmp_path / "run")  # as it was: resumes, nothing new
     assert again.new == 0 and again.completed == again.planned
+
+
+def test_shards_of_a_run_with_tools_merge_with_their_events_and_worlds(tmp_path: Path) -> None:
+    with TestServer(reply=_client) as srv:
+        config = tmp_path / "c.yaml"
+        config.write_text(yaml.safe_dump(_config(srv.base_url, tmp_path, personas={"n": 4})))
+        shards = [tmp_path / f"s{i}" for i in range(2)]
+        for i, out in enumerate(shards):
+            assert main(["generate", "--config", str(config), "--out", str(out), "--shard",
+                         f"{i}/2", "--no-progress"]) == 0
+    assert main(["merge", *map(str, shards), "--out", str(tmp_path / "merged")]) == 0
+    merged = open_run(tmp_path / "merged")
+    parts = [open_run(s) for s in shards]
+    for table in ("events", "worlds"):
+        assert merged.table(table).num_rows == sum(p.table(table).num_rows for p in parts) > 0
+    d = merged.dialogue(merged.dialogues.dialogue_id[0])
+    assert all(d.seen(i).verified for i in range(len(d.turns)))
