@@ -74,11 +74,17 @@ def wait_for(base: str, sid: str, ok: Callable[[dict[str, Any]], bool],
         time.sleep(0.1)
 
 
+def _turn_requests(model: TestServer) -> int:
+    """The chat requests that wrote a dialogue's turn (not the start-up check's 1-token call)."""
+    return sum(1 for r in model.requests if r.get("max_tokens") == 40)
+
+
 def _turn(n: int) -> Callable[[dict[str, Any]], bool]:
     return lambda s: s["status"] == "your_turn" and s["turn"] == n
 
 
-def test_a_session_in_the_browser_survives_a_second_tab_and_a_restart(run_dir: Path) -> None:
+def test_a_session_in_the_browser_survives_a_second_tab_and_a_restart(run_dir: Path,
+                                                                      model: TestServer) -> None:
     markup = "<img src=x onerror=alert(1)> my parcel is late"
     with ViewerServer(run_dir, extend=add_play_routes) as srv:
         base = srv.base_url
@@ -102,6 +108,7 @@ def test_a_session_in_the_browser_survives_a_second_tab_and_a_restart(run_dir: P
         code, refused = post(f"{base}/api/play/{sid}/say", {"turn": 0, "text": "again"}, h)
         assert code == 409 and "already answered" in refused["error"]
         second = wait_for(base, sid, _turn(2))
+        asked = _turn_requests(model)
         assert [m["side"] for m in second["messages"]] == ["note", "self", "other"]
         assert second["messages"][1]["text"] == markup  # as typed: JSON text, never markup
     # The server stops between two turns; a new one finds the session where it was.
@@ -109,6 +116,7 @@ def test_a_session_in_the_browser_survives_a_second_tab_and_a_restart(run_dir: P
         base = srv.base_url
         again = wait_for(base, sid, _turn(2))
         assert again["messages"] == second["messages"]
+        assert _turn_requests(model) == asked  # replayed from the cache: no model was asked
         h = {"X-Spasm-CSRF": _csrf(base)}
         assert h["X-Spasm-CSRF"] == csrf  # kept with the sessions: an open page still works
         code, _ = post(f"{base}/api/play/{sid}/say",
