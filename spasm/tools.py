@@ -55,11 +55,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from spasm.backends.base import ToolCall
-from spasm.backends.python import describe_error_site, load_module_file
+from spasm.backends.python import (
+    AgentExit,
+    describe_error_site,
+    exit_text,
+    load_module_file,
+    off_loop,
+)
 from spasm.errors import ConfigError
 from spasm.history import Event, Speaker
 from spasm.registry import TOOLS
@@ -357,12 +362,12 @@ async def invoke(t: Tool, world: Any, arguments: str) -> ToolOutcome:
     kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
     scratch = copy.deepcopy(world)
     try:
+        # Off spasm's loop (a thread, or a loop of its own when async): a tool that blocks is
+        # abandoned at its timeout and never keeps the process alive (backends.python).
         with anyio.move_on_after(t.timeout_s) as scope:
-            if inspect.iscoroutinefunction(t.fn):
-                value = await t.fn(scratch, **kwargs)
-            else:
-                value = await anyio.to_thread.run_sync(lambda: t.fn(scratch, **kwargs),
-                                                       abandon_on_cancel=True)
+            value = await off_loop(t.fn, scratch, name_=f"spasm-tool-{t.name}", **kwargs)
+    except AgentExit as exc:  # sys.exit() in a tool: the tool's failure, never spasm's exit
+        return ToolOutcome(None, f"the tool {exit_text(exc)}", world, False)
     except Exception as exc:  # the tool's own failure is a result the agent sees
         return ToolOutcome(None, f"{type(exc).__name__}: {exc}", world, False)
     if scope.cancelled_caught:

@@ -180,3 +180,68 @@ def test_an_interrupt_before_the_run_directory_exists_says_nothing_was_saved(
     err = capsys.readouterr().err
     assert not run.exists()
     assert "saved in" not in err and f"Nothing was written ({run} was not created)" in err, err
+
+
+TOOLS_SCRIPT = textwrap.dedent('''
+    import sys
+    import time
+
+    import anyio
+
+    import spasm
+    from spasm.tools import invoke
+
+
+    @spasm.tool(timeout_s=0.5)
+    def blocks(world: dict) -> str:
+        """Block."""
+        time.sleep(3600)
+        return "never"
+
+
+    @spasm.tool(timeout_s=0.5)
+    async def blocks_its_loop(world: dict) -> str:
+        """Block the loop."""
+        time.sleep(3600)
+        return "never"
+
+
+    @spasm.tool()
+    def exits(world: dict) -> str:
+        """Exit."""
+        sys.exit(4)
+
+
+    @spasm.tool()
+    async def interrupts(world: dict) -> str:
+        """Interrupt."""
+        raise KeyboardInterrupt
+
+
+    async def main():
+        for t in (blocks, blocks_its_loop, exits, interrupts, blocks):
+            outcome = await invoke(t, {"n": 1}, "{}")
+            print(t.name, "|", outcome.error, flush=True)
+
+    anyio.run(main)
+    print("done", flush=True)
+''')
+
+
+def test_a_tool_that_blocks_or_exits_is_a_result_with_an_error_and_the_process_exits(
+        tmp_path: Path) -> None:
+    """The neighbour of the agent's bound: a tool is the user's code too. A blocking plain tool
+    left a worker thread the interpreter waited for at exit; an async one that blocked the loop
+    hung the run; sys.exit() in a tool ended the whole process."""
+    script = tmp_path / "tools_bounds.py"
+    script.write_text(TOOLS_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=_env(), timeout=240)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" | ", 1) for line in done.stdout.splitlines() if " | " in line)
+    assert lines["blocks"] == "the tool did not return within timeout_s=0.5s"
+    assert lines["blocks_its_loop"] == "the tool did not return within timeout_s=0.5s"
+    assert lines["exits"].startswith("the tool called sys.exit(4) at ") and "tools_bounds.py:" in \
+        lines["exits"]
+    assert lines["interrupts"].startswith("the tool raised KeyboardInterrupt at ")
+    assert done.stdout.splitlines()[-1] == "done" and "Traceback" not in done.stderr

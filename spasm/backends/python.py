@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -85,7 +86,7 @@ from spasm.errors import (
     TransientBackendError,
 )
 
-__all__ = ["AgentContext", "PythonBackend", "load_target"]
+__all__ = ["AgentContext", "AgentExit", "PythonBackend", "exit_text", "load_target", "off_loop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +340,38 @@ async def _outcome(future: concurrent.futures.Future[Any], on_done: Callable[[],
     return future.result()
 
 
+#: The event loops of async user code other than agents (tools), one per name.
+_LOOPS: dict[str, AgentLoop] = {}
+
+
+async def off_loop(fn: Callable[..., Any], *args: Any, name_: str = "spasm-user-code",
+                   **kwargs: Any) -> Any:
+    """Run the user's ``fn(*args, **kwargs)`` (a tool) off spasm's event loop, as
+    :class:`PythonBackend` runs an agent: a plain function in a daemon thread of its own (named
+    ``name_``), an ``async`` one on an :class:`AgentLoop` of that name (a tool that blocks its
+    loop blocks no other). Cancelled (a timeout), the call is abandoned and never waited for, so
+    it cannot keep the process alive or block spasm's loop; a ``SystemExit`` or
+    ``KeyboardInterrupt`` it raises comes back as :class:`AgentExit`."""
+    if _is_async(fn):
+        loop = _LOOPS.get(name_)
+        if loop is None:
+            loop = _LOOPS[name_] = AgentLoop(name_)
+        return await _outcome(loop.submit(fn(*args, **kwargs)), lambda: None)
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    call = functools.partial(fn, *args, **kwargs)
+    threading.Thread(target=_call_into, args=(future, call), name=name_, daemon=True).start()
+    return await _outcome(future, lambda: None)
+
+
+def exit_text(exc: AgentExit) -> str:
+    """What the user's code did, as messages say it: "called sys.exit(0)" or "raised
+    KeyboardInterrupt", with where."""
+    raised = exc.raised
+    what = (f"called sys.exit({raised.code!r})" if isinstance(raised, SystemExit)
+            else f"raised {type(raised).__name__}")
+    return what + _where(raised)
+
+
 @register_backend("python")
 class PythonBackend(Backend):
     """Calls a Python function for each reply (see the module docstring)."""
@@ -437,11 +470,8 @@ class PythonBackend(Backend):
         except TimeoutError as exc:
             raise TimeoutBackendError(f"{self.target} raised TimeoutError: {exc}{_where(exc)}") from exc
         except AgentExit as exc:
-            raised = exc.raised
-            what = (f"called sys.exit({raised.code!r})" if isinstance(raised, SystemExit)
-                    else f"raised {type(raised).__name__}")
             raise FatalBackendError(
-                f"{self.target} {what}{_where(raised)} during a call: an agent returns its reply "
+                f"{self.target} {exit_text(exc)} during a call: an agent returns its reply "
                 "or raises an exception; spasm does not exit on its behalf") from None
         except BackendError:
             raise  # the function chose the kind of failure (fatal, rate limited ...)
