@@ -5,6 +5,7 @@ own content; a dialogue without copying has own-content values equal to the raw 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -18,7 +19,9 @@ import pytest
 from spasm.config import BackendConfig
 from spasm.dataset.store import write_finished_run
 from spasm.dataset.synthetic import write_run
-from spasm.evaluation import evaluate, register_embedder
+from spasm.errors import UserError
+from spasm.evaluation import evaluate, import_spasm_jsonl, register_embedder
+from spasm.evaluation.cli import register
 from spasm.evaluation.compare import load_comparison
 from spasm.evaluation.echoing import copied_words, without_copied
 from spasm.evaluation.loader import Conversation
@@ -395,3 +398,62 @@ def test_each_client_seat_of_a_group_is_measured_on_its_own_content(tmp_path: Pa
     assert list(copied.own_text) == [" ".join(f"a{_word(k, j)}" for j in range(6)) + "." for k in range(3)]
     assert (turns[turns.speaker == BEN].copied_share == 0).all()
     assert turns.drift_utterance.isna().all()  # a group's drift is per seat, in per_dialogue
+
+
+# --------------------------------------------------------------------------- imported runs, the CLI
+
+
+def test_an_imported_release_is_measured_on_own_content(tmp_path: Path) -> None:
+    record = {
+        "persona_id": "P-9", "conversation_id": "C-1",
+        "persona_fields": {"concerns": ["my pension"], "emotion": "anxious", "motivation": "retire"},
+        "persona_description": "You are worried about your pension.",
+        "turns": [
+            {"speaker": "client", "turn_index": 0, "text": "I'm worried my pension won't be enough."},
+            {"speaker": "tested", "turn_index": 1, "text": "Let's look at your employer match and fees."},
+            {"speaker": "client", "turn_index": 2,
+             "text": "Yes, let's look at your employer match and fees."},
+        ],
+        "termination_reason": "natural",
+    }
+    src = tmp_path / "release.jsonl"
+    src.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    import_spasm_jsonl(src, run)
+    evaluate(run, embedder="lookup", progress=False)
+    turns = pd.read_parquet(run / "eval" / "per_turn.parquet")
+    # "let's look at your employer match and fees" is the Responder's: 8 of 9 words copied.
+    assert list(turns.copied_share) == [0.0, 8 / 9] and list(turns.kept) == [True, False]
+    per = pd.read_parquet(run / "eval" / "per_dialogue.parquet")
+    assert math.isfinite(per.drift_utterance[0]) and math.isnan(per.drift_utterance_own[0])
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="spasm")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--own-ngram", "1"], "--own-ngram must be at least 2"),
+     (["--own-min-words", "0"], "--own-min-words at least 1"),
+     (["--own-consistency"], "add --consistency")],
+)
+def test_the_own_content_flags_are_checked(tmp_path: Path, flags: list[str], message: str) -> None:
+    run, _ = _known_run(tmp_path)
+    with pytest.raises(UserError, match=message):
+        _cli(["eval", str(run), "--embedder", "lookup", "--no-progress", *flags])
+
+
+def test_the_thresholds_reach_the_rule_from_the_command_line(tmp_path: Path) -> None:
+    run, _ = _known_run(tmp_path)
+    # With n = 9 the Responder's eight-word turn is too short to count as a copied run.
+    assert _cli(["eval", str(run), "--embedder", "lookup", "--no-progress", "--own-ngram", "9"]) == 0
+    metrics = load_metrics(run)
+    assert metrics.own_content is not None and metrics.own_content.ngram == 9
+    assert all(s.with_copying == 0 for s in metrics.own_content.stats)
+    per = pd.read_parquet(run / "eval" / "per_dialogue.parquet")
+    assert (per.drift_utterance_own == per.drift_utterance).all()
