@@ -62,6 +62,7 @@ from spasm.backends.python import (
     AgentExit,
     describe_error_site,
     exit_text,
+    exited_on_import,
     load_module_file,
     off_loop,
 )
@@ -294,6 +295,8 @@ def load_tools(entries: Iterable[str], source: str = "config") -> dict[str, Tool
                 module = importlib.import_module(entry)
             except ConfigError:
                 raise
+            except SystemExit as exc:  # a script's sys.exit() at import: exit 2, not spasm's exit
+                raise exited_on_import(what, repr(entry), exc) from None
             except ModuleNotFoundError as exc:
                 raise ConfigError(f"{what}: cannot import it ({exc}); name a .py file, an "
                                   "importable module, or a tool a plugin registers "

@@ -245,3 +245,17 @@ def test_a_tool_that_blocks_or_exits_is_a_result_with_an_error_and_the_process_e
         lines["exits"]
     assert lines["interrupts"].startswith("the tool raised KeyboardInterrupt at ")
     assert done.stdout.splitlines()[-1] == "done" and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["file", "module"])
+def test_a_tools_module_that_exits_when_imported_is_exit_2_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    from spasm.errors import ConfigError
+    from spasm.tools import load_tools
+
+    (tmp_path / "script_tools.py").write_text("import sys\n\nsys.exit(5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = str(tmp_path / "script_tools.py") if kind == "file" else "script_tools"
+    with pytest.raises(ConfigError, match=r"tools entry .*script_tools.* called sys\.exit\(5\) at "
+                                          r".*script_tools\.py:3: a module spasm imports must not exit"):
+        load_tools([entry])

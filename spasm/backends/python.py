@@ -86,7 +86,8 @@ from spasm.errors import (
     TransientBackendError,
 )
 
-__all__ = ["AgentContext", "AgentExit", "PythonBackend", "exit_text", "load_target", "off_loop"]
+__all__ = ["AgentContext", "AgentExit", "PythonBackend", "exit_text", "exited_on_import", "load_target",
+           "off_loop"]
 
 
 @dataclass(frozen=True, slots=True)
