@@ -255,12 +255,13 @@ def test_drop_is_connection_error() -> None:
 
 
 def test_hang_is_timeout_error() -> None:
-    with TestServer(FaultPlan(rate_hang=1.0, hang_s=10.0)) as srv:
+    # The server would hang for a minute; the client's 0.2 s timeout fires long before (the
+    # bound is half the hang, not a speed threshold), and closing the server wakes the handler.
+    with TestServer(FaultPlan(rate_hang=1.0, hang_s=60.0)) as srv:
         started = time.monotonic()
         with pytest.raises(openai.APITimeoutError):
             chat(client_for(srv, timeout=0.2))
-        assert time.monotonic() - started < 2
-    # closing the server woke the hanging handler instead of waiting 10 s
+        assert time.monotonic() - started < 30
 
 
 def test_malformed_is_json_decode_error() -> None:
@@ -355,21 +356,21 @@ def test_embeddings(server: TestServer) -> None:
 
 
 def test_sustains_64_concurrent_requests() -> None:
-    async def burst(base_url: str) -> float:
+    """The server answers 64 requests at once rather than one after another: with a latency far
+    longer than it takes to start them all, all 64 are being answered at the same moment (a
+    count the server keeps, not a wall-clock threshold; speed is benchmarks/throughput.py's)."""
+    async def burst(base_url: str) -> None:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="test", max_retries=0)
-        started = time.monotonic()
         async with anyio.create_task_group() as tg:
             for i in range(64):
                 messages = [{"role": "user", "content": f"hello {i}"}]
                 tg.start_soon(partial(client.chat.completions.create, model="m", messages=messages))
-        elapsed = time.monotonic() - started
         await client.close()
-        return elapsed
 
-    with TestServer(FaultPlan(latency_s=0.2)) as srv:
-        elapsed = anyio.run(burst, srv.base_url)
+    with TestServer(FaultPlan(latency_s=2.0)) as srv:
+        anyio.run(burst, srv.base_url)
         assert srv.stats["ok"] == 64
-    assert elapsed < 1.0
+        assert srv.max_in_flight == 64
 
 
 def test_threads_share_one_client(server: TestServer) -> None:
