@@ -195,10 +195,13 @@ def _jsonl_records(text: str, source: str) -> list[tuple[int | None, Any]]:
             continue
         try:
             out.append((number, json.loads(line)))
-        except (json.JSONDecodeError, RecursionError) as exc:
-            column = f", column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-            raise ConfigError(f"{source}, line {number}{column}: not valid JSON "
-                              f"({getattr(exc, 'msg', exc)}).") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{source}, line {number}, column {exc.colno}: not valid JSON "
+                              f"({exc.msg}).") from None
+        except (ValueError, RecursionError):  # Python's own limits: 4,300 digits, ~1,000 levels
+            raise ConfigError(f"{source}, line {number}: cannot be read: it holds a number with "
+                              "thousands of digits or nesting too deep; write such a value as a "
+                              "string, or flatten it.") from None
     return out
 
 
@@ -274,7 +277,7 @@ def own_scenario(persona: Mapping[str, Any]) -> str | None:
         return None
     try:
         row = json.loads(raw)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(row, dict):
         return None

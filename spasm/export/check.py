@@ -160,6 +160,8 @@ def _parse(line: str) -> tuple[Any, str | None]:
         return json.loads(line), None
     except json.JSONDecodeError as exc:
         return None, f"invalid_json ({exc.msg})"
+    except (ValueError, RecursionError):  # Python's own limits: 4,300 digits, ~1,000 levels
+        return None, "invalid_json (a number with thousands of digits, or nesting too deep)"
 
 
 def check_examples(
@@ -219,6 +221,11 @@ def check_examples(
 def check_openai_file(path: str | Path, *, token_limit: int | None = None) -> CheckReport:
     """Check one OpenAI chat JSONL file (streamed line by line); see :func:`check_examples`."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(str(p) for p in path.glob("**/*.jsonl"))[:3]
+        raise UserError(f"--check {path} is a directory; --check takes one JSONL file"
+                        + (f", e.g. {', '.join(inside)}" if inside else
+                           " (an export's DIR/openai/train.jsonl)") + ".")
     if not path.is_file():
         raise UserError(f"--check {path}: no such file; pass an exported JSONL file "
                         "(e.g. DIR/openai/train.jsonl)")
