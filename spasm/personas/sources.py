@@ -58,6 +58,9 @@ DIMENSIONS = ("concern", "emotion", "motivation")
 ID_COLUMNS = ("source_id", "id", "uuid")
 #: Free-text columns that become the card when there is no ``card`` column, in this order.
 TEXT_COLUMNS = ("description", "persona")
+#: The longest card or description a row may have (the csv module's own limit on a cell, 128
+#: KiB): a persona's card is sent with every one of its turns.
+MAX_TEXT_CHARS = 131_072
 #: What ``field_map`` may map a column to besides the schema's fields.
 SPECIAL = ("card", "description", "source_id")
 SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
@@ -250,6 +253,11 @@ def _csv_rows(p: Path) -> tuple[list[str], Iterator[tuple[str, dict[str, Any]]]]
             except StopIteration:
                 return
             except csv.Error as exc:
+                if "field larger than field limit" in str(exc):
+                    raise UserError(
+                        f"{p}:{start}: a cell holds more than {csv.field_size_limit():,} characters "
+                        "(128 KiB); a persona's card or field that long would be sent with every "
+                        "turn: shorten it.") from None
                 raise UserError(f"{p}:{start}: not valid CSV ({exc}).") from None
             where = f"{p}:{start}"
             start = reader.line_num + 1
@@ -369,15 +377,11 @@ def _mapping(p: Path, columns: list[str], schema: PersonaSchema,
     ids = [c for k in ID_COLUMNS for c in columns if _key(c) == k and c not in mapping]
     if ids and "source_id" not in mapping.values():
         mapping[ids[0]] = "source_id"
-    texts = [c for c, t in mapping.items() if t in TEXT_COLUMNS]
-    if len(texts) > 1:  # description before persona; the other stays in persona_fields
-        keep = min(texts, key=lambda c: TEXT_COLUMNS.index(mapping[c]))
-        for c in texts:
-            if c != keep:
-                del mapping[c]
+    # Both description and persona may be columns: a row's text is its description, else its
+    # persona (a row with only one of them is not empty).
     seen: dict[str, str] = {}
     for column, target in mapping.items():
-        norm = "description" if target in TEXT_COLUMNS else target
+        norm = target
         if norm in seen:
             raise UserError(f"{p}: the columns {seen[norm]!r} and {column!r} both give "
                             f"{norm}; drop one or map it elsewhere with personas.field_map.")
@@ -441,6 +445,7 @@ def _row(where: str, record: dict[str, Any], mapping: dict[str, str], schema: Pe
     cannot be used."""
     fields: dict[str, Any] = dict.fromkeys(schema.fields)
     special: dict[str, str] = {}
+    texts: dict[str, str] = {}
     reasons: list[str] = []
     for column, target in mapping.items():
         value = record.get(column)
@@ -463,8 +468,18 @@ def _row(where: str, record: dict[str, Any], mapping: dict[str, str], schema: Pe
                            "object or a nested list)")
         elif target in schema.fields:
             fields[target] = text
+        elif target in TEXT_COLUMNS:
+            texts[target] = text
         else:
-            special["description" if target in TEXT_COLUMNS else target] = text
+            special[target] = text
+    first = next((texts[t] for t in TEXT_COLUMNS if t in texts), None)
+    if first is not None:
+        special["description"] = first
+    for name in ("card", "description"):
+        if len(special.get(name, "")) > MAX_TEXT_CHARS:
+            reasons.append(f"{where}: the {name} holds {len(special[name]):,} characters, over "
+                           f"{MAX_TEXT_CHARS:,} (about {MAX_TEXT_CHARS // 4:,} tokens, sent with "
+                           "every turn of the persona); shorten it")
     return fields, special, reasons
 
 
