@@ -65,7 +65,7 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -85,6 +85,7 @@ from spasm.errors import (
     TimeoutBackendError,
     TransientBackendError,
 )
+from spasm.tokens import count_tokens
 
 __all__ = ["AgentContext", "AgentExit", "PythonBackend", "exit_text", "exited_on_import", "load_target",
            "off_loop"]
@@ -126,8 +127,13 @@ def _frozen(value: Any) -> Any:
 
 
 def _where(exc: BaseException) -> str:
-    """The innermost frame of an exception, as `` at file:line``."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    """Where an exception was raised, as `` at file:line``: the file and line a SyntaxError
+    names (its traceback ends in importlib's frozen frames), else the innermost frame outside
+    importlib's own."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}" if exc.lineno else f" in {exc.filename}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<frozen ")]
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
@@ -200,6 +206,13 @@ def load_target(target: str, backend: str = "python") -> Callable[..., Any]:
         raise exited_on_import(f"Backend {backend!r}: target {target!r}", repr(where), exc
                                ) from None
     except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if where.endswith(".py") or not (where == missing or where.startswith(missing + ".")):
+            # The target was found; a module it imports was not.
+            raise ConfigError(
+                f"Backend {backend!r}: target {target!r}: importing {where!r} failed: it imports "
+                f"{exc.name!r}, which is not installed{_where(exc)}. Install it (in this "
+                "environment), or fix that import.") from None
         raise ConfigError(
             f"Backend {backend!r}: target {target!r}: cannot import {where!r} ({exc}). Install it, "
             "put its folder on PYTHONPATH, or name the file: 'path/to/file.py:function'."
@@ -485,7 +498,7 @@ class PythonBackend(Backend):
         if scope.cancelled_caught:
             raise TimeoutBackendError(f"{self.target} did not return within timeout_s="
                                       f"{self.timeout_s:g}s (backend {self.name!r}){self._late()}")
-        return self._completion(result, time.perf_counter() - t0)
+        return held_to(self._completion(result, time.perf_counter() - t0), request.max_tokens)
 
     def _completion(self, result: Any, latency: float) -> Completion:
         """Read what the function returned: text, or text with its token usage."""
@@ -544,6 +557,29 @@ def _plain(m: Mapping[str, Any]) -> dict[str, Any]:
     if "tool_call_id" in m:
         out["tool_call_id"] = m["tool_call_id"]
     return out
+
+
+def held_to(completion: Completion, max_tokens: int | None) -> Completion:
+    """The reply cut to ``max_tokens`` tokens (:func:`spasm.tokens.count_tokens`), as a model's
+    would be (``finish_reason`` ``length``, ``completion_tokens`` the tokens kept): code that
+    returns more than a turn may hold never stores it whole."""
+    text = completion.text
+    if max_tokens is None or len(text) <= max_tokens:  # a token holds at least one character
+        return completion
+    window = max_tokens * 64  # and, in a reply, at most a few dozen
+    if len(text) <= window and count_tokens(text) <= max_tokens:
+        return completion
+    # The longest prefix within max_tokens.
+    low, high = 0, min(len(text), window)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if count_tokens(text[:mid]) <= max_tokens:
+            low = mid
+        else:
+            high = mid - 1
+    kept = text[:low]
+    return replace(completion, text=kept, finish_reason="length",
+                   completion_tokens=count_tokens(kept))
 
 
 def _describe(value: Any) -> str:
