@@ -391,7 +391,7 @@ class ParticipantConfig(_Strict):
     """One seat of a group dialogue: a ``client`` seat is filled by a persona, a ``responder``
     seat speaks from its role and instructions."""
 
-    id: str = Field(pattern=PARTICIPANT_ID)
+    id: str
     role: Literal["client", "responder"]
     backend: str
     #: A responder seat's role ("peer-support facilitator"; default ``dialogue.responder_role``)
@@ -401,6 +401,16 @@ class ParticipantConfig(_Strict):
     #: The seat's harness level (A–E, SPEC §4); the ``harness:`` block's settings (window,
     #: corpus, checker, audit, persona probes …) apply to every harnessed seat.
     level: HarnessLevel = "A"
+
+    @field_validator("id")
+    @classmethod
+    def _id_form(cls, v: str) -> str:
+        if not re.match(PARTICIPANT_ID, v):
+            raise ValueError(
+                f"participant id {v!r} is not allowed: an id is a short name as it stands in "
+                "transcripts and dialogue ids: a letter, then up to 23 letters, digits or '_' "
+                "(no spaces, '-' or accents), e.g. Ana, Ben_2, Facilitator")
+        return v
 
 
 class GroupConfig(_Strict):
