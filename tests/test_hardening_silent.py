@@ -302,3 +302,145 @@ def test_an_edited_persona_file_is_refused_on_resume_naming_the_rows(
     # Restoring the file resumes again; --overwrite starts over with the edit.
     people.write_text(rows)
     assert main(argv) == 0
+
+
+# -- item 13: bad input is exit 2 with the file, the line and what to do, never a traceback -----
+_HUGE = "9" * 5000
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("value", [_HUGE, "-" + _HUGE, _DEEP, '{"a": ' * 5000 + "1" + "}" * 5000])
+def test_a_scenario_jsonl_with_a_huge_number_or_deep_nesting_names_the_line(
+    value: str, tmp_path: Path, capsys: Any
+) -> None:
+    good = json.dumps(SCENARIO)
+    (tmp_path / "s.jsonl").write_text(good + "\n" + good[:-1] + f', "extra": {value}}}\n')
+    cfg = _write(tmp_path, endpoint_config("http://127.0.0.1:9/v1", scenarios=str(tmp_path / "s.jsonl")))
+    assert main(["generate", "--config", str(cfg), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 's.jsonl'}, line 2: cannot be read" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", [_HUGE, _DEEP])
+def test_export_check_reports_a_huge_number_or_deep_nesting_as_invalid_json(
+    value: str, tmp_path: Path, capsys: Any
+) -> None:
+    good = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    path = tmp_path / "train.jsonl"
+    path.write_text(f"{good}\n" + '{"messages": [], "x": ' + value + "}\n")
+    assert main(["export", "--check", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert "line 2: invalid_json (a number with thousands of digits, or nesting too deep)" in out
+    assert "Traceback" not in err
+
+
+def test_export_check_of_a_directory_says_so_and_names_its_files(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "openai").mkdir()
+    (tmp_path / "openai" / "train.jsonl").write_text("")
+    assert main(["export", "--check", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--check {tmp_path} is a directory" in err and "openai/train.jsonl" in err
+    assert "no such file" not in err
+
+
+def test_a_persona_csv_cell_over_128_kib_and_a_huge_card_from_jsonl_are_named(
+    tmp_path: Path, capsys: Any
+) -> None:
+    card = "You are Ana. " + "x" * 200_000
+    csv_file = tmp_path / "p.csv"
+    csv_file.write_text(f'id,card\na1,"You are Ben."\na2,"{card}"\n')
+    assert main(["personas", "--from", str(csv_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"{csv_file}:3: a cell holds more than 131,072 characters" in err
+    assert "not valid CSV" not in err and "Traceback" not in err
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(json.dumps({"id": "a1", "card": "You are Ben."}) + "\n"
+                     + json.dumps({"id": "a2", "card": card}) + "\n")
+    assert main(["personas", "--from", str(jsonl)]) == 0
+    out = capsys.readouterr().out
+    assert "the card holds 200,013 characters, over 131,072" in out and "1 usable" in out
+
+
+def test_a_row_with_only_a_persona_text_is_used_in_a_file_that_also_has_descriptions(
+    tmp_path: Path, capsys: Any
+) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a1", "description": "A retired nurse in Leeds."}) + "\n"
+                    + json.dumps({"id": "a2", "persona": "A barista in Vancouver."}) + "\n"
+                    + json.dumps({"id": "a3", "description": "A pilot.", "persona": "ignored"}) + "\n")
+    from spasm.personas import load_schema
+    from spasm.personas.sources import load_source
+
+    source = load_source(path, load_schema(None))
+    assert [c.source_id for c in source.accepted] == ["a1", "a2", "a3"] and not source.rejected
+    cards = {c.source_id: c.card for c in source.accepted}
+    assert "barista" in cards["a2"] and "pilot" in cards["a3"] and "ignored" not in cards["a3"]
+
+
+def test_a_target_whose_own_import_fails_or_has_a_syntax_error_is_told_so(
+    server: TestServer, tmp_path: Path, capsys: Any
+) -> None:
+    agent = tmp_path / "agent.py"
+    cases = {
+        "import not_a_real_module_xyz\n\ndef respond(m, c):\n    return 'hi'\n":
+            ("it imports 'not_a_real_module_xyz', which is not installed", f"{agent}:1"),
+        "def respond(m, c):\n    return 'hi'\n\ndef broken(:\n    pass\n":
+            ("SyntaxError", f"at {agent}:4"),
+    }
+    for n, (source, (what, where)) in enumerate(cases.items()):
+        agent = tmp_path / f"agent{n}.py"
+        agent.write_text(source)
+        where = where.replace(str(tmp_path / "agent.py"), str(agent))
+        data = endpoint_config(server.base_url)
+        data["backends"]["bot"] = {"kind": "python", "target": f"{agent}:respond"}
+        data["pairings"] = [{"client": "srv", "responder": "bot"}]
+        cfg = _write(tmp_path, data)
+        assert main(["generate", "--config", str(cfg), "--out", str(tmp_path / f"run{n}"),
+                     "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert what in err and where in err, err
+        assert "name the file" not in err and "<frozen" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("bad", ["Ana Maria", "Ana-Maria", "José", "1st", "A" * 30, ""])
+def test_a_participant_id_is_refused_with_its_rule_in_words(bad: str) -> None:
+    data = _group("http://127.0.0.1:9/v1")
+    data["participants"][0]["id"] = bad
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "c.yaml")
+    message = str(err.value)
+    assert f"participant id {bad!r} is not allowed" in message and "e.g. Ana, Ben_2" in message
+    assert "String should match pattern" not in message and "^[A-Za-z]" not in message
+
+
+def test_a_code_reply_is_held_to_max_tokens(tmp_path: Path) -> None:
+    from spasm.backends.base import Completion
+    from spasm.backends.python import held_to
+    from spasm.tokens import count_tokens
+
+    huge = Completion(text="word " * 2_000_000, prompt_tokens=0, completion_tokens=26,
+                      resolved_model="bot")
+    held = held_to(huge, 40)
+    assert held.finish_reason == "length" and count_tokens(held.text) <= 40
+    assert held.completion_tokens == count_tokens(held.text) and len(held.text) > 100
+    short = Completion(text="Hello there.", prompt_tokens=0, completion_tokens=0, resolved_model="bot")
+    assert held_to(short, 40) is short
+    one_long_token = Completion(text="x" * 10_000, prompt_tokens=0, completion_tokens=0,
+                                resolved_model="bot")
+    assert count_tokens(held_to(one_long_token, 40).text) <= 40
+
+
+def test_a_run_stores_a_code_reply_cut_to_max_tokens(server: TestServer, tmp_path: Path) -> None:
+    from spasm.tokens import count_tokens
+
+    (tmp_path / "flood.py").write_text("def respond(messages, context):\n"
+                                       "    return {'text': 'word ' * 2_000_000, 'completion_tokens': 26}\n")
+    data = endpoint_config(server.base_url, personas={"n": 1})
+    data["backends"]["bot"] = {"kind": "python", "target": f"{tmp_path / 'flood.py'}:respond"}
+    data["pairings"] = [{"client": "srv", "responder": "bot"}]
+    cfg = _write(tmp_path, data)
+    assert main(["generate", "--config", str(cfg), "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    turns = pd.read_parquet(tmp_path / "run" / "turns.parquet")
+    bot = turns[turns.speaker == "responder"]
+    assert len(bot) and all(count_tokens(t) <= 40 for t in bot.text)  # dialogue.max_tokens
