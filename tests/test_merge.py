@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -139,6 +140,26 @@ def test_mismatched_shards_are_refused_naming_the_shard(
              "is unfinished (status stopped)": "stopped", "is not a shard": "whole"}[message]
     if named:
         assert str(shards[named]) in err
+    assert _nothing_written(tmp_path)
+
+
+def test_shards_that_ran_with_different_plugins_are_refused(
+    shards: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    copies = {}
+    for name in ("s0", "s1", "s2"):
+        copies[name] = tmp_path / name
+        shutil.copytree(shards[name], copies[name])
+    manifest = copies["s1"] / "manifest.json"
+    record = json.loads(manifest.read_text())
+    assert record["plugins"] == []  # the shards ran without any
+    record["plugins"] = [{"entry_point": "mine", "value": "my_plugin", "distribution": "my-plugin",
+                          "version": "1.0", "replaces": ["projection 'ecp'"]}]
+    manifest.write_text(json.dumps(record))
+    assert _merge(tmp_path, *copies.values()) == 2
+    err = capsys.readouterr().err
+    assert f"shards {copies['s0']} and {copies['s1']} ran with different plugins (none vs " \
+        "my-plugin 1.0)" in err
     assert _nothing_written(tmp_path)
 
 

@@ -8,7 +8,8 @@ refuses with a :class:`~spasm.errors.UserError` naming the shard before anything
 * all come from one config (``config.json`` ``fingerprint``), one schema version, one shard
   count N, drew the same persona set (the digest the shard records) and ran the same
   scenarios (the manifest's ``scenarios`` digest: a scenario file edited between shards is
-  the same config; shards written before that record are not compared);
+  the same config; shards written before that record are not compared) with the same plugins
+  (the manifest's ``plugins``);
 * no two overlap (the same shard twice, a persona or a dialogue in two shards);
 * none of the N is missing and every one finished (manifest ``status`` ``complete``), unless
   ``allow_partial``: then what is there is merged and the run's status is ``partial``.
@@ -159,6 +160,27 @@ def _check_same_run(shards: list[ShardRun]) -> None:
              "they drew different personas (an LLM validator or crafter answered differently); "
              "rerun them with personas.llm_validate/llm_craft off or at temperature 0")
     _check_scenarios(shards)
+    _check_plugins(shards)
+
+
+def _check_plugins(shards: list[ShardRun]) -> None:
+    """Shards that record their plugins (manifest ``plugins``) ran with the same ones: a
+    plugin's backend, projection or scan may have made the rows."""
+    recorded = [(s, s.run.manifest["plugins"]) for s in shards
+                if isinstance(s.run.manifest.get("plugins"), list)]
+
+    def names(plugins: list[Any]) -> str:
+        return ", ".join(f"{p.get('distribution') or p.get('entry_point')} {p.get('version')}"
+                         for p in plugins if isinstance(p, dict)) or "none"
+
+    for s, plugins in recorded[1:]:
+        first, before = recorded[0]
+        if plugins != before:
+            raise UserError(
+                f"shards {first.path} and {s.path} ran with different plugins ({names(before)} "
+                f"vs {names(plugins)}): what a plugin registers may have made their rows. Rerun "
+                "the shards made with the other plugins (each into a fresh --out), then merge. "
+                "Nothing was written.")
 
 
 def _check_scenarios(shards: list[ShardRun]) -> None:
