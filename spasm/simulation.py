@@ -154,6 +154,11 @@ async def _guarded(
         out.error = exc
         if not isinstance(exc, RunError):
             out.traceback = "".join(traceback.format_exception(exc))
+    except SystemExit as exc:  # sys.exit() in code the dialogue ran (a plugin's): a bug, not an exit
+        out.error = RuntimeError(f"sys.exit({exc.code!r}) was called during the dialogue; code "
+                                 "spasm runs (a plugin's backend, detector, projection) must raise, "
+                                 "not exit")
+        out.traceback = "".join(traceback.format_exception(exc))
     return out
 
 

@@ -389,3 +389,37 @@ def test_a_run_without_plugins_records_an_empty_list(tmp_path: Path, isolated: N
                                              dialogue={"max_turns_per_agent": 1, "max_tokens": 20}))
         anyio.run(Engine(config, tmp_path / "run", progress=False, sleep_scale=0.0).run)
     assert open_run(tmp_path / "run").manifest["plugins"] == []
+
+
+def test_a_plugin_that_calls_sys_exit_during_a_dialogue_quarantines_it_and_spasm_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It was exit 0 with no dataset: the SystemExit went through every handler."""
+    source = textwrap.dedent('''
+        import sys
+        from spasm.backends import Backend, register_backend
+
+        @register_backend("demo_exit")
+        class Exits(Backend):
+            def __init__(self, name, cfg):
+                self.name, self.model = name, cfg.model
+                self.max_concurrency = cfg.max_concurrency
+
+            async def complete(self, request):
+                sys.exit(0)
+    ''')
+    site = tmp_path / "site"
+    install(site, "spasm-demo-exit", "spasm_demo_exit", source, "exit = spasm_demo_exit")
+    monkeypatch.syspath_prepend(str(site))
+    with TestServer() as srv:
+        data = endpoint_config(srv.base_url, personas={"n": 2})
+        data["backends"]["bot"] = {"kind": "demo_exit", "model": "x"}
+        data["pairings"] = [{"client": "srv", "responder": "bot"}]
+        config = tmp_path / "c.yaml"
+        config.write_text(yaml.safe_dump(data))
+        run = tmp_path / "run"
+        assert main(["generate", "--config", str(config), "--out", str(run), "--no-progress"]) == 1
+    errors = pd.read_parquet(run / "errors.parquet")
+    assert len(errors) == 2 and set(errors.error_type) == {"RuntimeError"}
+    assert all(e.startswith("sys.exit(0) was called during the dialogue") for e in errors.error)
+    assert all("spasm_demo_exit.py" in t for t in errors.traceback)
