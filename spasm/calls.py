@@ -2,21 +2,23 @@
 
 Retry policy (the only one: the SDK's retries are off):
 
-* retried: 429 (waiting at least the server's ``Retry-After``), 5xx, 408/409, timeouts,
-  dropped connections, malformed response bodies and empty completions;
+* retried: 429 (after the server's ``Retry-After``), 5xx, 408/409, timeouts, dropped
+  connections, malformed response bodies and empty completions;
 * a rate limit (429) is no failure: it is waited out without spending an attempt, for up to
-  :data:`RATE_LIMIT_BUDGET_S` seconds of waiting per call (then each 429 spends one), and the
-  backend's request rate is lowered while 429s keep coming and recovers once they stop
-  (:class:`~spasm.limits.RateLimitBackoff`); its rows in the call log carry the number of the
-  attempt they delayed;
+  :data:`RATE_LIMIT_BUDGET_S` seconds of waiting per call (then each 429 spends one). The call
+  waits the server's ``Retry-After`` (else a short jitter that doubles per 429 up to
+  :data:`RATE_LIMIT_MAX_BACKOFF_S`); the backend's pacing (:class:`~spasm.limits.BackendLimits`:
+  the provider's ``x-ratelimit-*`` headers, an AIMD rate that tells 429s about the rate from
+  random ones) decides how fast its requests start; its rows in the call log carry the number
+  of the attempt they delayed;
 * not retried: other 4xx (bad request, auth, unknown model) and local errors;
 * a server that rejects the structured-output format ends the run at once
   (:class:`~spasm.errors.StructuredOutputRejectedError`): later structured calls to that backend
   are not even sent;
 * failures are told apart by exception type (each :mod:`spasm.errors` class carries its
   ``outcome`` for the log), never by their message;
-* backoff: full jitter, ``uniform(0, min(30, 0.5 · 2^attempt))`` seconds (for 429s: in the
-  number of 429s so far), at most ``max_attempts`` attempts per call (backend config, default 6);
+* backoff: full jitter, ``uniform(0, min(30, 0.5 · 2^attempt))`` seconds, at most
+  ``max_attempts`` attempts per call (backend config, default 6);
 * an empty completion is re-sampled with the next seed, so a deterministic server can recover.
 
 Every attempt is a row of the run's ``calls`` table; a cache hit is a row too. Only successful
@@ -62,7 +64,7 @@ from spasm.errors import (
     TransientBackendError,
     UserError,
 )
-from spasm.limits import BackendLimits
+from spasm.limits import BackendLimits, Ticket
 from spasm.tokens import count_messages
 
 log = logging.getLogger("spasm")
@@ -72,6 +74,12 @@ REFUSALS_TO_STOP = 3
 
 #: Seconds one call may spend waiting out rate limits (429) before they spend its attempts.
 RATE_LIMIT_BUDGET_S = 300.0
+
+#: A call's wait after a 429 without ``Retry-After``: full jitter from this many seconds,
+#: doubling per 429 of the call, up to :data:`RATE_LIMIT_MAX_BACKOFF_S` (so a burst of 429s
+#: that ends is left within seconds, not the 30 s of the other errors' backoff).
+RATE_LIMIT_BASE_S = 0.05
+RATE_LIMIT_MAX_BACKOFF_S = 2.0
 
 T = TypeVar("T", bound=BaseModel)
 V = TypeVar("V")
@@ -360,10 +368,8 @@ class Caller:
         if self.refusal is not None and self.refusal.backend == backend_name:
             raise self.refusal
         limits = self.limits[backend_name]
-        # Counting tokens costs CPU; only a TPM bucket needs the estimate.
-        estimate = (
-            count_messages(request.messages) + request.max_tokens if limits.tpm is not None else 0
-        )
+        # Counting tokens costs CPU; only a TPM bucket or a provider that limits tokens needs it.
+        counted = count_messages(request.messages) if limits.wants_tokens else 0
         attempt_request = request
         attempt = 1  # attempts spent so far: rate limits (429) spend none within the budget
         limited = 0  # 429s this call has had
@@ -372,13 +378,20 @@ class Caller:
             self._check_budget()
             started = datetime.now(UTC)
             t0 = time.perf_counter()
-            step = limits.backoff.step
+            ticket: Ticket | None = None
             try:
-                async with limits.slots:
-                    step = await limits.admit(estimate)
-                    completion = await backend.complete(attempt_request)
-                if not completion.text.strip() and not completion.tool_calls:
-                    raise EmptyCompletionError(f"empty completion from {backend_name}")
+                try:
+                    async with limits.slots:
+                        ticket = await limits.admit(counted, request.max_tokens)
+                        completion = await backend.complete(attempt_request)
+                    limits.answered(ticket, completion.rate_headers, counted_prompt=counted,
+                                    reported_prompt=completion.prompt_tokens)
+                    if not completion.text.strip() and not completion.tool_calls:
+                        raise EmptyCompletionError(f"empty completion from {backend_name}")
+                except RateLimitedError as exc:
+                    if ticket is not None:
+                        limits.refused(ticket, exc.headers, exc.retry_after)
+                    raise
             except StructuredOutputRejectedError as exc:
                 self._record(
                     scope, role=role, backend=backend, request=attempt_request, key=key,
@@ -397,16 +410,16 @@ class Caller:
                 )
                 self._note_refusal(backend_name, exc)
                 if isinstance(exc, RateLimitedError):
-                    limits.backoff.rate_limited(step, exc.retry_after)
                     limited += 1
                     if waited < self.rate_limit_budget_s:
                         # Waited out, not an attempt: the server asked us to slow down.
-                        delay = self._rng.uniform(0, min(30.0, 0.5 * 2 ** (limited - 1)))
-                        delay = min(max(delay, exc.retry_after or 0.0),
+                        delay = min(self._rate_limit_delay(exc, limited),
                                     self.rate_limit_budget_s - waited)
                         waited += delay
                         self._warn_retry(backend_name, exc, cfg)
+                        t_wait = time.perf_counter()
                         await anyio.sleep(delay * self.sleep_scale)
+                        limits.retry_wait_s += time.perf_counter() - t_wait
                         continue
                 if not isinstance(exc, TransientBackendError) or attempt == cfg.max_attempts:
                     raise
@@ -419,8 +432,10 @@ class Caller:
                 attempt += 1
                 await anyio.sleep(delay * self.sleep_scale)
                 continue
+            finally:
+                if ticket is not None:
+                    limits.release(ticket)  # a timeout, a dropped connection, a cancellation
             latency = time.perf_counter() - t0
-            limits.backoff.answered()
             self._answered.add(backend_name)
             self._account(role, backend_name, completion)
             invalid = check(completion) if check is not None else None
@@ -432,6 +447,16 @@ class Caller:
             if cache is not None:
                 cache.put(key, completion)
             return completion, invalid
+
+    def _rate_limit_delay(self, exc: RateLimitedError, limited: int) -> float:
+        """Seconds a call waits after its ``limited``-th 429: the server's ``Retry-After`` when
+        it sent one, else full jitter from :data:`RATE_LIMIT_BASE_S` doubling per 429 up to
+        :data:`RATE_LIMIT_MAX_BACKOFF_S`. The backend's pacing (:mod:`spasm.limits`) slows the
+        rate when the 429s are about it; this only spaces one call's retries."""
+        if exc.retry_after is not None:
+            return exc.retry_after
+        return self._rng.uniform(0, min(RATE_LIMIT_MAX_BACKOFF_S,
+                                        RATE_LIMIT_BASE_S * 2 ** (limited - 1)))
 
     def _warn_retry(self, backend_name: str, exc: BackendError, cfg: BackendConfig) -> None:
         """The one-line warning of a backend's first retry (and of its first rate limit)."""
@@ -456,6 +481,11 @@ class Caller:
         if self._refused[backend_name] >= REFUSALS_TO_STOP and self.refusal is None:
             self.refusal = EndpointRefusedError(backend_name, exc.status, str(exc),
                                                 self._refused[backend_name])
+
+    def rate_limit_report(self) -> dict[str, dict[str, Any]]:
+        """Per backend: whether it is paced now and at what rate, its 429s and the seconds its
+        requests waited (:meth:`spasm.limits.BackendLimits.report`)."""
+        return {name: limits.report() for name, limits in self.limits.items()}
 
     @property
     def stop_reason(self) -> StructuredOutputRejectedError | EndpointRefusedError | None:

@@ -46,7 +46,7 @@ from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas, buil
 from spasm.personas import load_schema
 from spasm.personas.sources import SourceCandidate, SourcePersonas, load_source
 from spasm.plugins import load_plugins
-from spasm.run_summary import RunSummary, manifest_record, progress_lines
+from spasm.run_summary import RunSummary, manifest_record, pacing_note, progress_lines
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
 from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
 from spasm.scenarios import (
@@ -564,6 +564,7 @@ class Engine:
         finally:
             summary.elapsed_s = time.perf_counter() - t0
             summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
+            summary.rate_limits = caller.rate_limit_report()
             with anyio.CancelScope(shield=True):
                 if planned_ids:  # what is stored, read back: never what ran
                     summary.completed = await anyio.to_thread.run_sync(
@@ -797,10 +798,12 @@ class _Scheduler:
                 if stop is not None:
                     summary.failed = str(stop)
                     raise stop
+                paced = pacing_note(caller.rate_limit_report())
                 self.bar.set_postfix(
                     tokens=f"{caller.usage.total_tokens:,}",
                     cost=f"{caller.usage.cost:.4f}",
                     errors=summary.errors,
+                    **({"paced": paced} if paced else {}),
                     refresh=False,
                 )
                 # A full batch, or a slow run's finished dialogues after FLUSH_AFTER_S: work

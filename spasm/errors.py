@@ -121,10 +121,13 @@ class RateLimitedError(TransientBackendError):
     outcome: ClassVar[str] = "rate_limited"
 
     def __init__(
-        self, message: str, *, retry_after: float | None = None, detail: str | None = None
+        self, message: str, *, retry_after: float | None = None, detail: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message, status=429, detail=detail)
         self.retry_after = retry_after
+        #: The answer's rate headers (``x-ratelimit-*``, ``Retry-After``; read by spasm.limits).
+        self.headers = headers or {}
 
 
 class TimeoutBackendError(TransientBackendError):

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from spasm.config import RunConfig
     from spasm.runner import DialogueResult
 
-__all__ = ["RunSummary", "manifest_record", "progress_lines"]
+__all__ = ["RunSummary", "manifest_record", "pacing_note", "progress_lines", "rate_limit_note"]
 
 
 @dataclass
@@ -63,6 +63,8 @@ class RunSummary:
     #: instead), and turns that used every tool step (``dialogues.reward_detail``).
     tool_fallbacks: int = 0
     tool_capped: int = 0
+    #: Per backend, its pacing, 429s and waits this pass (``Caller.rate_limit_report``).
+    rate_limits: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, result: DialogueResult) -> bool:
         """Count one dialogue's result; ``True`` when it completed, ``False`` when it was
@@ -174,6 +176,9 @@ class RunSummary:
             parts.append(f"{self.goal_unjudged} goal verdicts missing")
         if self.moderator_fallbacks:
             parts.append(f"{self.moderator_fallbacks} moderator fallbacks")
+        limited = rate_limit_note(self.rate_limits)
+        if limited:
+            parts.append(limited)
         if self.stopped:
             parts.append(f"STOPPED: {self.stopped}")
         if self.failed:
@@ -201,9 +206,50 @@ class ProgressLines:
         if not self.enabled or now - self._last < self.every_s:
             return
         self._last = now
+        paced = pacing_note(caller.rate_limit_report())
         print(f"[spasm] {summary.completed:,}/{summary.planned:,} dialogues, "
               f"{summary.errors} quarantined, {caller.usage.total_tokens:,} tokens, "
-              f"cost {caller.usage.cost:.4f}", file=sys.stderr, flush=True)
+              f"cost {caller.usage.cost:.4f}{'; ' + paced if paced else ''}",
+              file=sys.stderr, flush=True)
+
+
+def _rate(rps: float) -> str:
+    return f"{rps:.1f} req/s" if rps >= 1 else f"{rps * 60:.1f} req/min"
+
+
+def pacing_note(report: dict[str, dict[str, Any]]) -> str:
+    """'srv paced at 36.0 req/s (after 429s)' for the backends paced now ('' when none)."""
+    notes = []
+    for name, r in sorted(report.items()):
+        if not r.get("paced"):
+            continue
+        why = {"429s": "after 429s", "headers": "by its x-ratelimit headers"}.get(
+            str(r.get("source")), "holding for a Retry-After")
+        rate = r.get("rate_rps")
+        notes.append(f"{name} paced at {_rate(rate)} ({why})" if isinstance(rate, int | float)
+                     else f"{name} paced ({why})")
+    return ", ".join(notes)
+
+
+def rate_limit_note(report: dict[str, dict[str, Any]]) -> str:
+    """'429s: srv 412, paced 9.8 s, calls waited 31.0 s after them' for the backends answered
+    429 or held by pacing ('' when none)."""
+    parts = []
+    for name, r in sorted(report.items()):
+        n = int(r.get("rate_limited") or 0)
+        held = float(r.get("held_s") or 0)
+        if not n and held < 0.05:
+            continue
+        text = f"{name} {n:,}"
+        if r.get("state") == "overloaded":
+            text += " (random: not about the rate)"
+        if held >= 0.05:
+            text += f", paced {held:.1f} s"
+        retry = float(r.get("retry_wait_s") or 0)
+        if retry >= 0.05:
+            text += f", calls waited {retry:.1f} s after them"
+        parts.append(text)
+    return ("429s: " + "; ".join(parts)) if parts else ""
 
 
 def progress_lines(*, enabled: bool) -> ProgressLines:
@@ -250,6 +296,7 @@ def manifest_record(
             "call_outcomes": dict(caller.usage.outcomes),
         },
         "timing": {"elapsed_s": summary.elapsed_s},
+        "rate_limits": caller.rate_limit_report(),
         "stopped": summary.stopped,
         "failed": summary.failed,
         "versions": {

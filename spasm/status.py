@@ -7,8 +7,9 @@ write lock right now.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 
@@ -17,6 +18,7 @@ from spasm.dataset.lock import lock_holder
 from spasm.dataset.outputs import is_run, replacement_leftovers
 from spasm.dataset.reader import open_run
 from spasm.errors import UserError
+from spasm.run_summary import pacing_note
 
 __all__ = ["RunStatus", "run_status"]
 
@@ -38,6 +40,8 @@ class RunStatus:
     schema_version: str
     #: Earlier versions of the run that an interrupted ``--overwrite`` left aside.
     replaced: tuple[Path, ...] = ()
+    #: Per backend, its pacing, 429s and waits, as the manifest last recorded them.
+    rate_limits: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def remaining(self) -> int | None:
@@ -60,6 +64,17 @@ class RunStatus:
             out.append(f"writer:       {who} is writing this run now")
         else:
             out.append("writer:       none (safe to resume, evaluate or export)")
+        for name, r in sorted(self.rate_limits.items()):
+            paced = pacing_note({name: r})
+            limited = int(r.get("rate_limited") or 0)
+            if not paced and not limited and float(r.get("held_s") or 0) < 0.05:
+                continue
+            now = "now" if self.status == "running" else "at the end"
+            head = paced.replace(f"{name} paced", f"{name}: paced {now}", 1) if paced else (
+                f"{name}: not paced {now}")
+            out.append(f"rate limits:  {head}; {limited:,} 429s; paced {float(r.get('held_s') or 0):.1f} s; "
+                       f"calls waited {float(r.get('retry_wait_s') or 0):.1f} s after 429s"
+                       + (" (random 429s: not about the rate)" if r.get("state") == "overloaded" else ""))
         if self.damaged:
             out.append(f"DAMAGED:      {'; '.join(self.damaged)} (rerun generate to redo them)")
         for aside in self.replaced:
@@ -117,4 +132,12 @@ def run_status(run_dir: str | Path) -> RunStatus:
         damaged=[str(d) for d in find_damage(path)],
         schema_version=run.schema_version,
         replaced=replaced,
+        rate_limits=_rate_limits(manifest.get("rate_limits")),
     )
+
+
+def _rate_limits(value: Any) -> dict[str, dict[str, Any]]:
+    """The manifest's ``rate_limits`` (absent in runs before issue 27; anything else ignored)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, dict)}

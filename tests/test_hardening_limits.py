@@ -26,7 +26,6 @@ from spasm.cli import main
 from spasm.config import BackendConfig
 from spasm.engine import Engine
 from spasm.errors import MissingKeyError, RateLimitedError, TimeoutBackendError
-from spasm.limits import RateLimitBackoff
 from spasm.redact import redact_url
 from spasm.testing import FaultPlan, TestServer
 from spasm.testing.usage import Usage
@@ -112,57 +111,7 @@ def test_past_the_per_call_budget_rate_limits_spend_attempts_and_the_call_fails(
     assert len(records) > 2  # about five seconds waited out (Retry-After 1 s), then 2 attempts
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-def test_the_request_rate_backs_off_while_429s_come_and_recovers_after(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from spasm import limits
-
-    clock = _Clock()
-    monkeypatch.setattr(limits.time, "monotonic", clock.monotonic)
-    monkeypatch.setattr(limits.anyio, "sleep", clock.sleep)
-    backoff = RateLimitBackoff()
-
-    async def starts(n: int) -> list[int]:
-        return [await backoff.wait() for _ in range(n)]
-
-    # Sixteen requests in flight refused at once: one step down, not sixteen.
-    steps = anyio.run(starts, 16)
-    for step in steps:
-        backoff.rate_limited(step)
-    assert backoff.gap == RateLimitBackoff.MIN_GAP_S and backoff.step == 1
-    # 429s that keep coming (each to a request sent after the last step) double the gap ...
-    for _ in range(4):
-        backoff.rate_limited(anyio.run(starts, 1)[0])
-    assert backoff.gap == pytest.approx(16 * RateLimitBackoff.MIN_GAP_S)
-    clock.now += 100  # idle a while: the first start is at once
-    clock.sleeps.clear()
-    anyio.run(starts, 3)
-    assert clock.sleeps == pytest.approx([backoff.gap] * 2)  # ... and space the starts by it
-    # A Retry-After holds every request until it has passed.
-    backoff.rate_limited(-1, retry_after=7.0)
-    clock.sleeps.clear()
-    anyio.run(starts, 1)
-    assert sum(clock.sleeps) >= 7.0 - 1e-9
-    # Answers that are not 429s bring the rate back: no pacing at all after enough of them.
-    for _ in range(200):
-        backoff.answered()
-    assert backoff.gap == 0.0
-    clock.sleeps.clear()
-    anyio.run(starts, 5)
-    assert clock.sleeps == []
+# The pacing after 429s (spasm.limits.AdaptiveRate): tests/test_limits.py.
 
 
 def test_a_storm_of_429s_500s_and_malformed_bodies_quarantines_no_dialogue(tmp_path: Path) -> None:

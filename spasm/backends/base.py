@@ -138,6 +138,9 @@ class Completion:
     extra: dict[str, Any] = field(default_factory=dict)
     #: The tool calls the model asked for instead of (or besides) writing text (issue 31).
     tool_calls: tuple[ToolCall, ...] = ()
+    #: The answer's rate headers (``x-ratelimit-*``: what the provider says is left of the key),
+    #: read by :mod:`spasm.limits` to pace the backend; never cached or logged.
+    rate_headers: dict[str, str] = field(default_factory=dict)
 
 
 class Backend(ABC):

@@ -39,6 +39,7 @@ from spasm.errors import (
     TransientBackendError,
     UserError,
 )
+from spasm.limits import RATE_HEADERS, RateHeaders
 from spasm.redact import redact_url
 
 __all__ = ["OpenAIBackend", "resolve_api_key"]
@@ -53,19 +54,12 @@ PREFLIGHT_PROMPT = "spasm preflight: reply with one word."
 _REJECTION_STATUSES = frozenset({400, 415, 422, 500, 501})
 
 
-def _retry_after(headers: Any) -> float | None:
-    """Seconds the server asked us to wait (``retry-after-ms`` or ``retry-after``)."""
+def _rate_headers(headers: Any) -> dict[str, str]:
+    """The headers spasm paces by (:data:`~spasm.limits.RATE_HEADERS`: ``Retry-After``,
+    ``x-ratelimit-*``), lower-cased; what they mean is :mod:`spasm.limits`'s to read."""
     if headers is None:
-        return None
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return max(0.0, float(value) * scale)
-        except ValueError:
-            continue  # an HTTP date: rare; fall back to our own backoff
-    return None
+        return {}
+    return {name: str(value) for name in RATE_HEADERS if (value := headers.get(name)) is not None}
 
 
 def _server_message(exc: openai.APIStatusError) -> str:
@@ -90,7 +84,9 @@ def classify(exc: openai.OpenAIError, backend: str, timeout_s: float) -> Backend
         status, detail = exc.status_code, _server_message(exc)
         text = f"{status} from {backend}: {detail}"
         if isinstance(exc, openai.RateLimitError) or status == 429:
-            return RateLimitedError(text, retry_after=_retry_after(exc.response.headers), detail=detail)
+            headers = _rate_headers(exc.response.headers)
+            return RateLimitedError(text, retry_after=RateHeaders.parse(headers).retry_after,
+                                    detail=detail, headers=headers)
         if status in (408, 409) or status >= 500:
             return TransientBackendError(text, status=status, detail=detail)
         return FatalBackendError(text, status=status, detail=detail)
@@ -317,14 +313,20 @@ class OpenAIBackend(Backend):
                 # transformation (~0.5 ms of CPU per call, a quarter of its cost: see
                 # benchmarks/README.md); the body is already plain JSON, and the reply is parsed
                 # into the same typed ChatCompletion.
-                resp = await self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+                # Cast to the SDK's AsyncAPIResponse to keep the headers (x-ratelimit-*: the
+                # provider says what is left of the key); ``parse`` reads the body as before.
+                raw = await self._client.post("/chat/completions", body=body,
+                                              cast_to=openai.AsyncAPIResponse[ChatCompletion])
+                resp = await raw.parse()
         except TimeoutError:
             raise TimeoutBackendError(f"timeout after {self.cfg.timeout_s}s from {self.name}") from None
         except openai.OpenAIError as exc:
             raise classify(exc, self.name, self.cfg.timeout_s) from exc
         except ValueError as exc:  # json.JSONDecodeError: a JSON content type, a broken body
             raise MalformedResponseError(f"malformed response body from {self.name}: {exc}") from exc
-        return _completion(resp, self.name, self.model, time.perf_counter() - start)
+        completion = _completion(resp, self.name, self.model, time.perf_counter() - start)
+        completion.rate_headers = _rate_headers(raw.headers)
+        return completion
 
     async def complete(self, request: ChatRequest) -> Completion:
         if request.json_schema is None:

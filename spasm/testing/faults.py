@@ -42,7 +42,8 @@ _Rate = pydantic.Field(default=0.0, ge=0.0, le=1.0)
 
 
 class FaultPlan(pydantic.BaseModel, extra="forbid"):
-    """What the server does to each request: latency, then at most one fault.
+    """What the server does to each request: a rate limit if set, latency, then at most one
+    fault.
 
     For every ``POST`` to a known endpoint one number is drawn from ``random.Random(seed)``
     (under a lock) and compared against the cumulative rates in this fixed order: 429, 500,
@@ -78,6 +79,17 @@ class FaultPlan(pydantic.BaseModel, extra="forbid"):
     """Seconds between the bytes of a trickled answer."""
     seed: int = 0
     """Seed of the fault RNG; :meth:`TestServer.set_plan` reseeds it."""
+    limit_rps: float | None = pydantic.Field(default=None, gt=0.0)
+    """A request-rate limit, as a provider keeps per key: requests per second accepted, the
+    rest refused with 429, ``Retry-After`` and ``retry-after-ms`` (stats ``limited``; see
+    :mod:`spasm.testing.ratelimit`)."""
+    limit_tps: float | None = pydantic.Field(default=None, gt=0.0)
+    """A token-rate limit: tokens per second accepted, each request charged its prompt tokens
+    plus its ``max_tokens`` on arrival."""
+    limit_burst_s: float = pydantic.Field(default=1.0, gt=0.0)
+    """The limits' buckets hold this many seconds of their rate (the burst a fresh key takes)."""
+    limit_headers: bool = True
+    """With a limit, send ``x-ratelimit-limit|remaining|reset-requests|tokens`` on every answer."""
 
     @pydantic.model_validator(mode="after")
     def _rates_sum_to_at_most_one(self) -> FaultPlan:

@@ -7,6 +7,7 @@ import base64
 import collections
 import contextlib
 import json
+import math
 import random
 import socket
 import struct
@@ -19,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 from spasm.testing.faults import _MALFORMED_BODIES, OUTCOMES, FaultPlan
+from spasm.testing.ratelimit import Limiter
 from spasm.testing.replies import (
     _EMBEDDING_DIM,
     _PREFLIGHT_REPLY,
@@ -31,6 +33,13 @@ from spasm.testing.replies import (
 from spasm.testing.usage import Usage
 
 _MAX_RECORDED_REQUESTS = 10_000
+
+
+def limiter_for(plan: FaultPlan) -> Limiter:
+    """The server-side rate limits of ``plan`` (inactive without ``limit_rps``/``limit_tps``)."""
+    return Limiter(plan.limit_rps, plan.limit_tps, plan.limit_burst_s, plan.limit_headers)
+
+
 class _HTTPError(Exception):
     """An OpenAI-style error response the handler should send."""
 
@@ -74,6 +83,7 @@ class _State:
         self.in_flight = 0
         self.max_in_flight = 0
         self.arrivals: collections.deque[float] = collections.deque(maxlen=_MAX_RECORDED_REQUESTS)
+        self.limiter = limiter_for(plan)
 
     def count(self, outcome: str) -> None:
         with self.lock:
@@ -208,7 +218,7 @@ class _Handler(BaseHTTPRequestHandler):
             f"Content-Type: {content_type}",
             f"Content-Length: {length}",
         ]
-        lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+        lines += [f"{name}: {value}" for name, value in {**self._rate, **(headers or {})}.items()]
         if self.close_connection:
             lines.append("Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
@@ -268,6 +278,35 @@ class _Handler(BaseHTTPRequestHandler):
         self._respond("bad_request", 404, _error_body(message, "invalid_request_error", "unknown_url"))
 
     _in_flight = False
+    #: The rate-limit headers of the request being answered (FaultPlan.limit_*), sent with
+    #: whatever the answer is.
+    _rate: dict[str, str] = {}  # noqa: RUF012 (replaced per request, never mutated)
+
+    def _charge(self, body: Any) -> float:
+        """The tokens a request is charged on arrival: its prompt tokens by the server's count
+        plus its ``max_tokens`` (chat), or its input's words (embeddings)."""
+        if not isinstance(body, dict):
+            return 0.0
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            prompt = [(str(m.get("role")), _text_of(m.get("content")))
+                      for m in messages if isinstance(m, dict)]
+            limit = body.get("max_completion_tokens", body.get("max_tokens"))
+            return float(self.state.usage.prompt_tokens(prompt)) + (
+                limit if isinstance(limit, int) and limit > 0 else 0)
+        raw = body.get("input")
+        texts = [raw] if isinstance(raw, str) else raw if isinstance(raw, list) else []
+        return float(sum(len(_words(t)) for t in texts if isinstance(t, str)))
+
+    def _rate_limited(self, wait: float, kind: str, headers: dict[str, str]) -> None:
+        """Refuse a request over the server's rate limit (stats ``limited``), as OpenAI does."""
+        self._rate = {}
+        message = (f"Rate limit reached on {kind} per second (test server limit). Please try "
+                   f"again in {wait * 1000:.0f}ms.")
+        retry = {"retry-after": str(max(1, math.ceil(wait))),
+                 "retry-after-ms": str(max(1, math.ceil(wait * 1000)))}
+        self._respond("limited", 429, _error_body(message, kind, "rate_limit_exceeded"),
+                      {**headers, **retry})
 
     def _answered(self) -> None:
         """This POST is no longer in flight (called before its answer is written, so a client
@@ -279,6 +318,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         """Serve a POST, counted in flight until it is answered (``TestServer.max_in_flight``)."""
+        self._rate = {}
         state = self.state
         with state.lock:
             state.arrivals.append(time.monotonic())
@@ -321,11 +361,18 @@ class _Handler(BaseHTTPRequestHandler):
             with state.lock:
                 state.requests.append(body)
 
+        limiter = state.limiter
+        headers: dict[str, str] = {}
+        if limiter.active and route is not None:
+            wait, kind, headers = limiter.admit(self._charge(body))
+            if wait is not None:  # refused at once, before any work: a provider's limit
+                self._rate_limited(wait, str(kind), headers)
+                return
+        self._rate = headers  # the x-ratelimit headers of every answer to this request
         self._pause(plan.latency_s)
         if route is None:
             self._not_found()
         elif outcome == "429":
-            headers: dict[str, str] = {}
             if plan.retry_after_s is not None:
                 headers["Retry-After"] = f"{plan.retry_after_s:g}"
                 headers["retry-after-ms"] = str(round(plan.retry_after_s * 1000))

@@ -4,7 +4,9 @@ It speaks just enough of the OpenAI REST API for the ``openai`` SDK to talk to i
 (``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``), answers
 deterministically, and can add latency and inject faults (429, 500, dropped connections,
 hangs, malformed bodies, empty completions, answers trickled a byte at a time) drawn from a
-seeded RNG, and refuse structured-output formats the way real servers do (``reject_formats``)::
+seeded RNG, keep a provider's rate limits (``limit_rps``, ``limit_tps``: 429s with
+``Retry-After`` and the ``x-ratelimit-*`` headers, :mod:`spasm.testing.ratelimit`), and refuse
+structured-output formats the way real servers do (``reject_formats``)::
 
     with TestServer(FaultPlan(latency_s=0.2, rate_429=0.1, seed=1)) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="test")
@@ -43,7 +45,7 @@ import pydantic
 
 from spasm.backends.instances import instance_from_schema
 from spasm.testing.faults import _MALFORMED_BODIES, FORMATS, OUTCOMES, FaultPlan
-from spasm.testing.protocol import _HTTPServer, _State
+from spasm.testing.protocol import _HTTPServer, _State, limiter_for
 from spasm.testing.replies import default_reply, embed
 from spasm.testing.usage import Usage
 
@@ -185,6 +187,7 @@ class TestServer:
         with self._state.lock:
             self._state.plan = plan
             self._state.rng = random.Random(plan.seed)
+            self._state.limiter = limiter_for(plan)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -265,6 +268,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--call-tools", action="store_true",
                    help="a request offering tools calls the first one once per turn (call_first_tool)")
+    p.add_argument("--limit-rps", type=float, default=None,
+                   help="accept this many requests per second; 429 the rest (a provider's limit)")
+    p.add_argument("--limit-tps", type=float, default=None,
+                   help="accept this many tokens (prompt + max_tokens) per second; 429 the rest")
+    p.add_argument("--limit-burst-s", type=float, default=1.0,
+                   help="the limits' buckets hold this many seconds of their rate")
+    p.add_argument("--no-limit-headers", action="store_true",
+                   help="with a limit, send no x-ratelimit-* headers (only 429s say it)")
     return p
 
 
@@ -290,6 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             trickle_s=args.trickle_s,
             malformed_body=args.malformed_body,
             seed=args.seed,
+            limit_rps=args.limit_rps,
+            limit_tps=args.limit_tps,
+            limit_burst_s=args.limit_burst_s,
+            limit_headers=not args.no_limit_headers,
         )
     except pydantic.ValidationError as exc:
         print(f"error: invalid fault plan:\n{exc}", file=sys.stderr)
