@@ -106,9 +106,11 @@ def _add_status(sub: Any) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     from spasm.status import run_status
 
-    for line in run_status(args.run_dir).lines():
+    status = run_status(args.run_dir)
+    for line in status.lines():
         print(line)
-    return RUN_EXIT["ok"]
+    # A damaged run is not a healthy one: scripts that check the exit code must see it.
+    return RUN_EXIT["failed"] if status.damaged else RUN_EXIT["ok"]
 
 
 def build_parser() -> argparse.ArgumentParser:

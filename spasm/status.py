@@ -119,16 +119,22 @@ def run_status(run_dir: str | Path) -> RunStatus:
     counts = manifest.get("counts") or {}
     usage = manifest.get("usage") or {}
     planned = counts.get("planned")
+    writer = lock_holder(path)
+    status = str(manifest.get("status") or manifest.get("kind") or "unknown")
+    if status == "running" and writer is None:
+        # The manifest says running, but no process holds the run: it was killed or crashed.
+        status = ("interrupted (the manifest says running, but no process is writing it: it was "
+                  "killed or crashed; rerun the same generate command to resume)")
     return RunStatus(
         run_dir=path,
-        status=str(manifest.get("status") or manifest.get("kind") or "unknown"),
+        status=status,
         planned=int(planned) if isinstance(planned, int) else None,
         done=len(done),
         quarantined=len(failed),
         prompt_tokens=prompt,
         completion_tokens=completion,
         cost=float(usage["cost"]) if isinstance(usage.get("cost"), int | float) else None,
-        writer_pid=lock_holder(path),
+        writer_pid=writer,
         damaged=[str(d) for d in find_damage(path)],
         schema_version=run.schema_version,
         replaced=replaced,

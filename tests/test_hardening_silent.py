@@ -444,3 +444,21 @@ def test_a_run_stores_a_code_reply_cut_to_max_tokens(server: TestServer, tmp_pat
     turns = pd.read_parquet(tmp_path / "run" / "turns.parquet")
     bot = turns[turns.speaker == "responder"]
     assert len(bot) and all(count_tokens(t) <= 40 for t in bot.text)  # dialogue.max_tokens
+
+
+def test_status_of_a_damaged_run_exits_1_and_a_killed_run_is_not_shown_running(
+    runs: tuple[Path, Path], capsys: Any
+) -> None:
+    a, b = runs
+    part = sorted((a / "turns.parquet").glob("*.parquet"))[0]
+    part.write_bytes(part.read_bytes()[:-40])  # a truncated part
+    capsys.readouterr()
+    assert main(["status", str(a)]) == 1
+    assert "DAMAGED:" in capsys.readouterr().out
+    # A run whose manifest says running while no process holds its lock was killed.
+    manifest = json.loads((b / "manifest.json").read_text())
+    (b / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    assert main(["status", str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "status:       interrupted (the manifest says running, but no process" in out
+    assert "status:       running" not in out
