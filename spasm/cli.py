@@ -354,8 +354,11 @@ def _personas_from(args: argparse.Namespace) -> int:
     if extract:
         print(f"  {extract} persona(s) lack a drift dimension; a run extracts it from the card "
               "(one structured call each, cached)")
+    from spasm.redact import terminal_safe
+
     for persona in result.accepted[:3]:
-        print(f"  {persona['persona_id']} (source_id {persona['source_id']}): {persona['card'][:160]}")
+        print(f"  {persona['persona_id']} (source_id {terminal_safe(str(persona['source_id']))}): "
+              f"{terminal_safe(persona['card'][:160])}")
     if outs:
         _write_personas((outs[0], outs[1]), schema, result, source=True)
         print(f"{len(result.accepted)} personas → {outs[0]}; {len(result.rejected)} rejected "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["REDACTED", "redact_url"]
+__all__ = ["REDACTED", "redact_url", "terminal_safe"]
 
 #: What stands in for a removed credential.
 REDACTED = "***"
@@ -35,3 +35,11 @@ def redact_url(text: str) -> str:
     if "=" in text:
         text = _SECRET_PARAM.sub(lambda m: f"{m['name']}{REDACTED}", text)
     return text
+
+
+def terminal_safe(text: str, keep: str = "") -> str:
+    """``text`` as a terminal may be shown it: control characters (a NUL, an escape sequence
+    that would recolour or clear the screen, a carriage return) written as ``\\x00``-style
+    escapes, except those in ``keep`` (``"\\n\\t"`` for a multi-line text). For what is
+    printed, never for what is stored."""
+    return "".join(c if c.isprintable() or c == " " or c in keep else repr(c)[1:-1] for c in text)

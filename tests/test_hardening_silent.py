@@ -462,3 +462,15 @@ def test_status_of_a_damaged_run_exits_1_and_a_killed_run_is_not_shown_running(
     out = capsys.readouterr().out
     assert "status:       interrupted (the manifest says running, but no process" in out
     assert "status:       running" not in out
+
+
+def test_a_card_with_control_characters_is_printed_escaped(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a\x1b[31m1", "card": "You are Ana.\x00\x1b[2J\r Hi"}) + "\n")
+    assert main(["personas", "--from", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x00" not in out and "\x1b" not in out and "\r" not in out
+    assert "You are Ana.\\x00\\x1b[2J\\r Hi" in out and "a\\x1b[31m1" in out
+    from spasm.redact import terminal_safe
+
+    assert terminal_safe("line one\nline\ttwo\x07", keep="\n\t") == "line one\nline\ttwo\\x07"

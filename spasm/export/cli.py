@@ -200,7 +200,9 @@ def cmd_card(args: argparse.Namespace) -> int:
     text = run_card(args.run_dir, allow_unfinished=args.allow_unfinished, license=args.license,
                     language=args.language)
     if args.out is None:
-        print(text, end="")
+        from spasm.redact import terminal_safe
+
+        print(terminal_safe(text, keep="\n\t"), end="")
         return 0
     atomic_write_text(args.out, text)
     print(f"Wrote {args.out}")
