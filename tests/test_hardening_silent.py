@@ -474,3 +474,38 @@ def test_a_card_with_control_characters_is_printed_escaped(tmp_path: Path, capsy
     from spasm.redact import terminal_safe
 
     assert terminal_safe("line one\nline\ttwo\x07", keep="\n\t") == "line one\nline\ttwo\\x07"
+
+
+def test_two_evaluations_at_once_distil_the_static_table_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("tokenizers")
+    import threading
+
+    import numpy as np
+
+    from spasm.evaluation import embeddings
+
+    calls: list[int] = []
+    inside = threading.Event()
+
+    def distill(model: Any, tokenizer: Any, *, pca_dims: int, **_: Any) -> Any:
+        # Stands in for the ~20 s model run (the lock is what is tested): slow enough that the
+        # second evaluation arrives while the first is distilling.
+        calls.append(1)
+        inside.set()
+        threading.Event().wait(1.0)
+        size = embeddings._plain_tokenizer(tokenizer).get_vocab_size(with_added_tokens=True)
+        return np.full((size, pca_dims), 0.5, dtype=np.float32)
+
+    monkeypatch.setattr(embeddings, "distill_static_table", distill)
+    made = [embeddings.StaticEmbedder(cache_dir=tmp_path / "static") for _ in range(2)]
+    first = threading.Thread(target=made[0].embed, args=(["a text"],))
+    first.start()
+    assert inside.wait(60)
+    second = threading.Thread(target=made[1].embed, args=(["a text"],))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert len(calls) == 1 and [e.distilled for e in made] == [True, False]
+    np.testing.assert_array_equal(made[0].embed(["x"]), made[1].embed(["x"]))

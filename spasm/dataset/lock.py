@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
 from spasm.errors import UserError
 
-__all__ = ["LOCK_FILE", "RunLock", "lock_holder"]
+__all__ = ["LOCK_FILE", "RunLock", "lock_holder", "waiting_lock"]
 
 LOCK_FILE = ".lock"
 
@@ -89,3 +91,23 @@ class RunLock:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+@contextmanager
+def waiting_lock(path: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on ``path`` (created if missing), waiting for a holder to finish:
+    for work two processes must not do at once but the second may then reuse (a cache entry
+    built once). Yields whether the lock is held: ``False`` when the file cannot be created
+    (a read-only cache folder), and the work goes on unlocked."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

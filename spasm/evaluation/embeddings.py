@@ -48,6 +48,7 @@ import numpy.typing as npt
 
 from spasm.dataset.files import atomic_write, atomic_write_bytes, atomic_write_json
 from spasm.dataset.integrity import file_sha256
+from spasm.dataset.lock import waiting_lock
 from spasm.errors import RunError, UserError
 from spasm.redact import redact_url
 from spasm.registry import EMBEDDERS
@@ -590,18 +591,23 @@ class StaticEmbedder:
         meta_path = path.with_suffix(".json")
         table, meta = self._read_table(path, meta_path, (size, self.pca_dims))
         if table is None:
-            t0 = time.perf_counter()
-            table = distill_static_table(
-                self.model_path,
-                self.tokenizer_path,
-                pca_dims=self.pca_dims,
-                sif_coefficient=self.sif_coefficient,
-                threads=self.threads,
-            )
-            seconds = time.perf_counter() - t0
-            self.distilled = True
-            meta = {**source, "shape": list(table.shape), "seconds": round(seconds, 2)}
-            self._write_table(path, meta_path, table, meta)
+            # Two evaluations at once distil the table once: the second waits for the first's
+            # lock, then reads the table it wrote.
+            with waiting_lock(path.with_suffix(".lock")):
+                table, meta = self._read_table(path, meta_path, (size, self.pca_dims))
+                if table is None:
+                    t0 = time.perf_counter()
+                    table = distill_static_table(
+                        self.model_path,
+                        self.tokenizer_path,
+                        pca_dims=self.pca_dims,
+                        sif_coefficient=self.sif_coefficient,
+                        threads=self.threads,
+                    )
+                    seconds = time.perf_counter() - t0
+                    self.distilled = True
+                    meta = {**source, "shape": list(table.shape), "seconds": round(seconds, 2)}
+                    self._write_table(path, meta_path, table, meta)
         self.distill_seconds = float(meta.get("seconds", 0.0))
         self.table_path = path
         drop = np.zeros(size, dtype=bool)
