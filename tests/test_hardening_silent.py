@@ -13,11 +13,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pandas as pd
 import pytest
 
 from spasm.cli import main
 from spasm.config import parse_config
+from spasm.engine import Engine
 from spasm.errors import ConfigError
 from spasm.testing import TestServer
 from spasm.testing.replies import default_reply
@@ -509,3 +511,84 @@ def test_two_evaluations_at_once_distil_the_static_table_once(
     second.join(60)
     assert len(calls) == 1 and [e.distilled for e in made] == [True, False]
     np.testing.assert_array_equal(made[0].embed(["x"]), made[1].embed(["x"]))
+
+
+# -- item 12: the embedded model's replies depend on the prompt alone, never on the schedule ------
+def _sampled_loop(backend: Any, prefix: str, utterances: int = 6) -> list[str]:
+    """A two-agent ECP dialogue sampled at temperature 0.7 (as runs are), replies as stored."""
+    from spasm.agents import clean_reply, client_system_prompt, responder_system_prompt
+    from spasm.backends.base import ChatRequest
+    from spasm.history import History, Speaker
+    from spasm.projection import Viewer, project
+
+    card = "You are Sam, 41, a plumber. Your parcel is two weeks late and you want a refund."
+    role = "customer-service agent"
+    viewers: dict[Speaker, Viewer] = {"client": Viewer("client", client_system_prompt(card, role)),
+                                      "responder": Viewer("responder", responder_system_prompt(role))}
+
+    async def run() -> list[str]:
+        history = History()
+        for k in range(utterances):
+            speaker: Speaker = "client" if k % 2 == 0 else "responder"
+            c = await backend.complete(ChatRequest(
+                messages=tuple(project(history, viewers[speaker], "ecp")), temperature=0.7,
+                max_tokens=32, seed=100 + k, stream_key=f"{prefix}:{speaker}"))
+            history = history.append(speaker, clean_reply(c.text, c.finish_reason == "length") or "ok")
+        return [u.content for u in history]
+
+    return anyio.run(run)
+
+
+def test_an_embedded_reply_is_the_same_from_a_kept_context_and_from_a_fresh_one() -> None:
+    pytest.importorskip("llama_cpp")
+    from spasm.backends.embedded import MIN_EVALUATED, EmbeddedBackend, SavedStates, StreamSlots
+    from spasm.config import BackendConfig
+
+    cfg = BackendConfig(kind="embedded", n_ctx=2048, n_threads=1)
+    kept = EmbeddedBackend("embedded", cfg)  # each agent keeps its context: only new tokens
+    fresh = EmbeddedBackend("embedded", cfg)
+    fresh.slots, fresh.states = StreamSlots(1), SavedStates(0)  # every call from nothing
+    assert _sampled_loop(kept, "kept") == _sampled_loop(fresh, "fresh")
+    assert kept.stats["cached_tokens"] > 0 and fresh.stats["cached_tokens"] < kept.stats["cached_tokens"]
+    # What makes it so: the context holds the prompt, never the reply's decoded tokens, and a
+    # call evaluates at least two prompt tokens itself (a batch of one is computed differently).
+    from spasm.backends.base import ChatRequest
+
+    request = ChatRequest(messages=({"role": "system", "content": "You are brief."},
+                                    {"role": "user", "content": "Say hello."}),
+                          temperature=0.0, max_tokens=8, seed=1, stream_key="again")
+    first = anyio.run(kept.complete, request)
+    second = anyio.run(kept.complete, request)
+    assert first.cached_tokens == 0 and second.text == first.text
+    assert second.cached_tokens == second.prompt_tokens - MIN_EVALUATED
+    assert kept._llm(kept.slots.slot("again")).n_tokens == second.prompt_tokens
+
+
+def test_the_same_embedded_plan_run_in_another_lane_order_gives_the_same_dialogues(
+    tmp_path: Path
+) -> None:
+    pytest.importorskip("llama_cpp")
+    from spasm.backends.embedded import EmbeddedBackend, SavedStates, StreamSlots
+
+    data = {"name": "order", "seed": 3, "personas": {"n": 3}, "conditions": ["ecp"],
+            "backends": {"embedded": {"kind": "embedded", "n_ctx": 2048}},
+            "pairings": [{"client": "embedded", "responder": "embedded"}],
+            "dialogue": {"max_turns_per_agent": 2, "max_tokens": 24},
+            "termination": {"rules": True, "min_utterances": 4}}
+    config = parse_config(data, "<test>")
+    # As planned: the lanes the machine has, one dialogue each, contexts kept.
+    anyio.run(Engine(config, tmp_path / "a", progress=False).run)
+    # Last dialogue first, then the others, on one context with nothing saved: every call
+    # starts from nothing, after another dialogue's calls.
+    squeezed = EmbeddedBackend("embedded", config.backends["embedded"])
+    squeezed.slots, squeezed.states = StreamSlots(1), SavedStates(0)
+    engine = Engine(config, tmp_path / "b", progress=False, backends={"embedded": squeezed})
+    planned = sorted(pd.read_parquet(tmp_path / "a" / "dialogues.parquet").dialogue_id)
+    anyio.run(lambda: engine.run(only={planned[-1]}))
+    anyio.run(Engine(config, tmp_path / "b", progress=False, backends={"embedded": squeezed}).run)
+
+    def turns(run: Path) -> list[tuple[str, int, str]]:
+        t = pd.read_parquet(run / "turns.parquet")
+        return sorted(zip(t.dialogue_id, t.turn_index.astype(int), t.text, strict=True))
+
+    assert len(planned) == 3 and turns(tmp_path / "a") == turns(tmp_path / "b")

@@ -28,6 +28,18 @@ are computed from never depends on which stream used the context before. A strea
 next, so it too evaluates only its new tokens. The prompt tokens served from a context or a
 saved state are reported as ``Completion.cached_tokens`` (the ``calls`` table's column).
 
+Replies depend on the prompt alone, never on the schedule: llama.cpp computes a batch of one
+token (each decoding step) with other kernels than a batch of two or more, so a token's key and
+value differ slightly between the two, and at temperature 0.7 a slightly different logit is
+sometimes another token (a dialogue diverged at turn 2 depending on which lane it ran in, after
+what, and whether its stream had kept its context). Batches of two or more agree bit for bit
+with a whole-prompt evaluation however the prompt is split, so the backend keeps only those in
+a context: the reply's tokens, decoded one at a time, are dropped after each call (the next
+prompt that holds them evaluates them in a batch), a call always evaluates at least
+:data:`MIN_EVALUATED` prompt tokens itself, and no batch of a prompt is a single token. The
+CPU's extra buffer types (weights repacked for AMX and other gemm kernels, whose results depend
+on the batch too) are not used.
+
 Memory: each context holds its own KV cache, about 23 KB a token for SmolLM2-135M (30 layers,
 3 KV heads of 64, f16), plus llama.cpp's compute buffers: measured ~77 MB of private memory per
 context at ``n_ctx`` 2048 and 120-210 MB at the default 8192; :data:`KV_BUDGET_MB` caps the
@@ -141,20 +153,86 @@ def lane_plan(n_threads: int | None, cores: int | None = None) -> tuple[int, int
     return max(1, min(MAX_LANES, cores // n_threads)), n_threads
 
 
+#: The fewest prompt tokens a call evaluates itself (never all served from the cache). llama.cpp
+#: computes a batch of one token (a decode step) with other kernels than a batch of two or more,
+#: so the key and value of a token, and the logits after it, differ slightly between the two
+#: ways; batches of two or more agree with a whole-prompt evaluation bit for bit, however the
+#: prompt is split (``tests/test_embedded_cache.py``).
+MIN_EVALUATED = 2
+_LLAMA_CLASS: type | None = None
+
+
+def _llama_class() -> type:
+    """``llama_cpp.Llama`` whose replies depend on the prompt alone, never on what the context
+    evaluated before (:data:`MIN_EVALUATED`): the prefix it reuses leaves at least two prompt
+    tokens to evaluate, and no batch of a prompt is a single token. With the generated tokens
+    dropped from the context after each call (:meth:`EmbeddedBackend._run`: they were decoded
+    one at a time), every reused token was evaluated in a batch of two or more, as a fresh
+    evaluation of the prompt would."""
+    global _LLAMA_CLASS
+    if _LLAMA_CLASS is not None:
+        return _LLAMA_CLASS
+    import llama_cpp
+
+    class Llama(llama_cpp.Llama):
+        #: Prompt tokens the last ``generate`` took from the context (the rest it evaluated).
+        reused = 0
+
+        def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+            tokens = list(tokens)
+            keep = min(common_prefix(self.input_ids[: self.n_tokens], tokens),
+                       max(0, len(tokens) - MIN_EVALUATED))
+            if keep < self.n_tokens:
+                self._ctx.kv_cache_seq_rm(-1, keep, -1)
+                self.n_tokens = keep
+                self._requires_eval = True
+            self.reused = keep
+            return super().generate(tokens, *args, **kwargs)
+
+        def eval(self, tokens: Any) -> None:
+            tokens = list(tokens)
+            # A prompt of k * n_batch + 1 tokens would end on a batch of one: end on two.
+            if len(tokens) > self.n_batch and len(tokens) % self.n_batch == 1:
+                super().eval(tokens[:-MIN_EVALUATED])
+                tokens = tokens[-MIN_EVALUATED:]
+            super().eval(tokens)
+
+    _LLAMA_CLASS = Llama
+    return Llama
+
+
 def load_model(path: Path, n_ctx: int, n_threads: int, slot: int = 0) -> Any:
     """Load (once per process and ``slot``) a llama.cpp model with its own context."""
     key = (str(path), n_ctx, n_threads, slot)
     with _MODELS_LOCK:
         if key not in _MODELS:
             try:
-                import llama_cpp
+                import llama_cpp.llama_cpp as bindings
             except ImportError as exc:
                 raise UserError(
                     "The embedded model needs llama-cpp-python (pip install llama-cpp-python)."
                 ) from exc
-            _MODELS[key] = llama_cpp.Llama(
-                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False
-            )
+            # Without the CPU's extra buffer types (weights repacked for AMX or other gemm
+            # kernels): those compute a token differently by how many share its batch, so a
+            # reply would depend on how its prompt was split, and on a CPU that reports AMX in
+            # a VM that does not enable it they crash the process. Llama() takes its model
+            # parameters from this function and has no switch for them: it sees ours while
+            # the model loads (under the lock).
+            default = bindings.llama_model_default_params
+
+            def params() -> Any:
+                p = default()
+                if hasattr(p, "use_extra_bufts"):
+                    p.use_extra_bufts = False
+                return p
+
+            bindings.llama_model_default_params = params
+            try:
+                _MODELS[key] = _llama_class()(
+                    model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False
+                )
+            finally:
+                bindings.llama_model_default_params = default
             _CONTEXT_LOCKS[id(_MODELS[key])] = threading.Lock()
         return _MODELS[key]
 
@@ -333,11 +411,14 @@ class EmbeddedBackend(Backend):
                     # depend on which dialogue ran before (the schedule, a resume). It costs the
                     # shared template tokens only.
                     llm.reset()
-            before = list(llm.input_ids[: llm.n_tokens])
             result = self._generate(llm, request)
             prompt = int((result.get("usage") or {}).get("prompt_tokens", 0))
-            # llama.cpp re-evaluates at least the last prompt token to refresh the logits.
-            cached = min(common_prefix(before, llm.input_ids[:prompt]), max(0, prompt - 1))
+            cached = int(getattr(llm, "reused", 0))
+            # The reply's tokens were decoded one at a time: drop them, so the next prompt
+            # that holds the reply evaluates it in a batch, as a fresh context would.
+            if llm.n_tokens > prompt:
+                llm._ctx.kv_cache_seq_rm(-1, prompt, -1)
+                llm.n_tokens = prompt
         result["cached_tokens"] = cached
         return result
 
