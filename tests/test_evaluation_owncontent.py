@@ -398,6 +398,13 @@ def test_each_client_seat_of_a_group_is_measured_on_its_own_content(tmp_path: Pa
     assert list(copied.own_text) == [" ".join(f"a{_word(k, j)}" for j in range(6)) + "." for k in range(3)]
     assert (turns[turns.speaker == BEN].copied_share == 0).all()
     assert turns.drift_utterance.isna().all()  # a group's drift is per seat, in per_dialogue
+    seats = pd.read_parquet(run / "eval" / "per_participant.parquet")
+    seats = seats.set_index(["dialogue_id", "participant_id"])
+    # Per seat: Ben copied nothing, so his own-content drift is his raw drift; Ana's differs.
+    for did in ("g-copy", "g-clean"):
+        assert seats.loc[(did, BEN), "drift_utterance_own"] == seats.loc[(did, BEN), "drift_utterance"]
+    assert seats.loc[("g-copy", ANA), "drift_utterance_own"] != seats.loc[("g-copy", ANA), "drift_utterance"]
+    assert math.isnan(seats.loc[("g-copy", FAC), "drift_utterance_own"])
 
 
 # --------------------------------------------------------------------------- imported runs, the CLI

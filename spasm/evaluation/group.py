@@ -683,6 +683,9 @@ def group_stage(
                 row[f"group_drift_{dim}_own"] = _mean([
                     drift_own.get((d.dialogue_id, p.participant_id), {}).get(dim, math.nan)
                     for p in seats_of])
+            for seat in seat_rows:
+                mine = drift_own.get((d.dialogue_id, str(seat["participant_id"])), {})
+                seat.update({f"drift_{dim}_own": mine.get(dim, math.nan) for dim in DRIFT_DIMENSIONS})
         rows[d.dialogue_id] = {"condition": d.condition, **row}
         people += seat_rows
         examples += found
@@ -691,6 +694,8 @@ def group_stage(
     columns = ["dialogue_id", "condition", "pairing", "participant_id", "position", "role", "persona_id",
                "n_utterances", "impersonations", "impersonation_share", "impersonated", "echo_max",
                "relays_from", "addressed", "silences", *(f"drift_{d}" for d in DRIFT_DIMENSIONS)]
+    if drift_own is not None:  # each seat on its own content (owncontent.py)
+        columns += [f"drift_{d}_own" for d in DRIFT_DIMENSIONS]
     seats = pd.DataFrame(people, columns=columns)
     seats["position"] = seats["position"].astype("Int64")
     if frame.empty:
