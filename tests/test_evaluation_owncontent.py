@@ -455,10 +455,13 @@ def test_the_own_content_flags_are_checked(tmp_path: Path, flags: list[str], mes
         _cli(["eval", str(run), "--embedder", "lookup", "--no-progress", *flags])
 
 
-def test_the_thresholds_reach_the_rule_from_the_command_line(tmp_path: Path) -> None:
+def test_the_thresholds_reach_the_rule_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run, _ = _known_run(tmp_path)
     # With n = 9 the Responder's eight-word turn is too short to count as a copied run.
     assert _cli(["eval", str(run), "--embedder", "lookup", "--no-progress", "--own-ngram", "9"]) == 0
+    assert "Own content: 0.0% of the Client's words copied (runs of 9+ words" in capsys.readouterr().out
     metrics = load_metrics(run)
     assert metrics.own_content is not None and metrics.own_content.ngram == 9
     assert all(s.with_copying == 0 for s in metrics.own_content.stats)

@@ -381,6 +381,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     o = metrics.echoing.overall
     if o.rate is not None:
         print(f"Echoing ({metrics.echoing.method}): {o.n_echoing}/{o.n} = {o.rate:.1%}")
+    own = metrics.own_content
+    every = next((st for st in own.stats if st.condition == "all"), None) if own is not None else None
+    if own is not None and every is not None and every.copied_share is not None:
+        print(f"Own content: {every.copied_share:.1%} of the Client's words copied (runs of {own.ngram}+ "
+              f"words said earlier), {every.left_out} of {every.utterances} Client utterances left out; "
+              "drift and separability on own content beside the raw ones (spasm compare)")
     if metrics.goals is not None:  # a run with scenarios: goal success per condition
         for r in metrics.goals.rates:
             if r.pairing == "all" and r.scenario_id == "all" and r.rate is not None:
