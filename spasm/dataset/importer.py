@@ -1,4 +1,6 @@
-"""The public SPASM release (JSONL) into a run directory, and back.
+"""Conversations from files into a run directory: the public SPASM release (JSONL, and back),
+and people's conversations with a model (ShareGPT JSON/JSONL, OpenAI messages JSONL) as a run
+with human seats (:func:`import_conversations`).
 
 A release record, as the release's dataset card documents it::
 
@@ -32,7 +34,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from spasm.dataset.files import atomic_write_text
 from spasm.dataset.integrity import file_sha256
@@ -42,7 +44,8 @@ from spasm.dataset.store import write_finished_run
 from spasm.errors import UserError
 from spasm.registry import PROJECTIONS, ordered_conditions
 
-__all__ = ["FIELD_ALIASES", "export_spasm_jsonl", "import_spasm_jsonl", "persona_columns"]
+__all__ = ["FIELD_ALIASES", "FORMATS", "detect_format", "export_spasm_jsonl", "import_conversations",
+           "import_spasm_jsonl", "persona_columns"]
 
 _SPEAKERS = {
     "client": "client", "user": "client", "persona": "client",
@@ -273,14 +276,15 @@ def import_spasm_jsonl(
     return summary
 
 
-def _persona_id(value: Any, where: str) -> str:
-    """A persona id that names one persona: not blank, not a path (``..``, ``a/b``) and without
-    control characters (ids end up in dialogue ids, URLs of the viewer and file names)."""
+def _persona_id(value: Any, where: str, what: str = "persona_id") -> str:
+    """A persona (or conversation) id that names one: not blank, not a path (``..``, ``a/b``)
+    and without control characters (ids end up in dialogue ids, URLs of the viewer and file
+    names)."""
     pid = str(value)
     if (not pid.strip() or pid in (".", "..") or "/" in pid or "\\" in pid
             or any(unicodedata.category(c) == "Cc" for c in pid)):
-        raise UserError(f"{where}: persona_id {pid[:40]!r} is not an id (empty, '.', '..', or with "
-                        "a slash or a control character); give each persona a plain id.")
+        raise UserError(f"{where}: {what} {pid[:40]!r} is not an id (empty, '.', '..', or with "
+                        "a slash or a control character); give each one a plain id.")
     return pid
 
 
@@ -335,3 +339,261 @@ def _source_conversation_id(dialogue: Mapping[str, Any]) -> Any:
     """The release's conversation_id of an imported dialogue (its index for generated ones)."""
     source = dialogue.get("source_id")
     return json.loads(source) if source else dialogue["conversation_index"]
+
+
+# -- people's conversations: ShareGPT and OpenAI messages (a run with human seats) ------------
+
+#: The formats ``spasm import`` reads (``auto`` tells them apart by the first record).
+FORMATS = ("auto", "spasm", "sharegpt", "openai")
+
+#: A message's role or ShareGPT ``from`` -> the seat it is (``None``: not an utterance, left out
+#: and counted: system prompts, tool calls and results).
+_HUMAN_SPEAKERS: dict[str, str | None] = {
+    "human": "client", "user": "client",
+    "gpt": "responder", "chatgpt": "responder", "assistant": "responder", "bard": "responder",
+    "bing": "responder", "model": "responder", "claude": "responder",
+    "system": None, "developer": None, "tool": None, "function": None, "function_call": None,
+    "observation": None, "ipython": None,
+}
+_USER_KEYS = ("user_id", "user", "operator", "author")
+
+
+def _json_array_records(path: Path, text: str) -> Iterator[tuple[int, Any]]:
+    """The elements of a top-level JSON array, each with the line it starts on."""
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos < len(text) and text[pos] == "]":
+            return
+        line_no = text.count("\n", 0, pos) + 1
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{exc.lineno} is not valid JSON ({exc.msg}).") from None
+        except (ValueError, RecursionError):
+            raise UserError(f"{path}:{line_no} cannot be read: it holds a number with thousands "
+                            "of digits or nesting too deep.") from None
+        yield line_no, value
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos < len(text) and text[pos] == ",":
+            pos += 1
+        elif pos < len(text) and text[pos] == "]":
+            return
+        else:
+            line = text.count("\n", 0, pos) + 1
+            raise UserError(f"{path}:{line} is not valid JSON (expected ',' or ']' between the "
+                            "array's conversations).")
+
+
+def _any_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A JSONL file's objects or a JSON array's (ShareGPT ships both), each with its line."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096)
+    except OSError as exc:
+        raise UserError(f"Cannot read {path}: {exc.strerror}.") from None
+    if not head.lstrip().startswith(b"["):
+        yield from _records(path)
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; is this a JSON file?") from None
+    for line_no, value in _json_array_records(path, text):
+        if not isinstance(value, dict):
+            raise UserError(f"{path}:{line_no} is not a JSON object (a conversation).")
+        yield line_no, value
+
+
+def detect_format(path: str | Path) -> str:
+    """``spasm``, ``sharegpt`` or ``openai``: what the file's first record looks like."""
+    src = Path(path)
+    for line_no, rec in _any_records(src):
+        if "persona_id" in rec and "turns" in rec:
+            return "spasm"
+        if isinstance(rec.get("conversations"), list) or isinstance(rec.get("items"), list):
+            return "sharegpt"
+        if isinstance(rec.get("messages"), list):
+            return "openai"
+        raise UserError(f"{src}:{line_no} is not a conversation spasm knows (a SPASM release "
+                        "record, ShareGPT 'conversations' or OpenAI 'messages'); pass --format.")
+    raise UserError(f"{src} holds no records.")
+
+
+def _content_text(content: Any, where: str, skipped: Counter[str]) -> str | None:
+    """A message's text: a string, or an OpenAI content list's text parts (others counted)."""
+    if content is None:
+        return None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
+                texts.append(str(part.get("text") or ""))
+            else:
+                skipped["non_text_parts"] += 1
+        return "\n".join(texts)
+    raise UserError(f"{where}: a message's content must be text or a list of parts, not "
+                    f"{type(content).__name__}.")
+
+
+def _pseudonym(value: str) -> str:
+    import hashlib
+
+    return "op-" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:6]
+
+
+def _conversation_turns(
+    did: str, messages: list[Any], fmt: str, where: str, skipped: Counter[str],
+) -> list[TurnRow]:
+    """A conversation's utterances as turns: people's lines the client seat, a model's the
+    responder; what is neither is left out and counted, and consecutive messages of one seat
+    are one turn (counted as ``merged``)."""
+    role_key, text_key = ("from", "value") if fmt == "sharegpt" else ("role", "content")
+    spoken: list[tuple[str, str]] = []
+    for k, message in enumerate(messages):
+        if not isinstance(message, dict) or role_key not in message:
+            raise UserError(f"{where}: message {k} has no {role_key!r}; every message of a "
+                            f"{fmt} conversation needs {role_key!r} and {text_key!r}.")
+        role = str(message[role_key]).lower()
+        if role not in _HUMAN_SPEAKERS:
+            raise UserError(f"{where}: message {k} has {role_key} {_short(role)!r}; expected "
+                            "human/user (the person) or gpt/assistant (the model), or "
+                            "system/tool (left out).")
+        seat = _HUMAN_SPEAKERS[role]
+        text = _content_text(message.get(text_key), where, skipped)
+        if seat is None:
+            skipped[role] += 1
+            continue
+        if not text or not text.strip():
+            skipped["empty"] += 1  # an assistant message that only called tools, an empty line
+            continue
+        if spoken and spoken[-1][0] == seat:
+            skipped["merged"] += 1
+            spoken[-1] = (seat, spoken[-1][1] + "\n\n" + text)
+        else:
+            spoken.append((seat, text))
+    from spasm.dataset.rows import human_row_model
+
+    model = human_row_model(TurnRow)  # a run with a human seat: the turns have the typing columns
+    return [cast(TurnRow, model.model_validate(
+                {"dialogue_id": did, "turn_index": i, "speaker": seat, "text": text}))
+            for i, (seat, text) in enumerate(spoken)]
+
+
+def import_conversations(
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    fmt: str = "auto",
+    condition: str = "ecp",
+    pairing: str | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Import a file of conversations into a run directory; the summary is its manifest.
+
+    ``fmt`` ``spasm`` is :func:`import_spasm_jsonl`; ``sharegpt`` (JSON array or JSONL of
+    ``{"conversations": [{"from": "human", "value": ...}, ...]}``) and ``openai`` (JSONL of
+    ``{"messages": [{"role": "user", "content": ...}, ...]}``) are people's conversations with
+    a model: the person's side is the client seat (``client_kind`` ``human``, ``interface``
+    ``import``, a pseudonymous ``operator``), the model's the responder (``llm``). ``auto``
+    reads the first record to tell them apart.
+
+    Raises:
+        UserError: the file is missing or malformed (with its line), an id repeats, a
+            conversation has no utterance of a person, or ``out_dir`` already holds data.
+    """
+    src, out = Path(path), Path(out_dir)
+    if fmt not in FORMATS:
+        raise UserError(f"Unknown --format {fmt!r}; use one of: {', '.join(FORMATS)}.")
+    if not src.is_file():
+        raise UserError(f"{src} does not exist; pass the path of a .json or .jsonl file.")
+    if fmt == "auto":
+        fmt = detect_format(src)
+    if fmt == "spasm":
+        return import_spasm_jsonl(src, out, condition=condition, pairing=pairing or "unknown",
+                                  overwrite=overwrite)
+    return _import_people(src, out, fmt, condition=condition, pairing=pairing, overwrite=overwrite)
+
+
+def _import_people(
+    src: Path, out: Path, fmt: str, *, condition: str, pairing: str | None, overwrite: bool,
+) -> dict[str, Any]:
+    from spasm.dataset.rows import human_row_model
+    from spasm.personas.schema import load_schema
+
+    condition = condition.lower()
+    if condition not in PROJECTIONS:
+        raise UserError(f"Unknown condition {condition!r}; use --condition with one of: "
+                        f"{', '.join(ordered_conditions(PROJECTIONS.names()))}.")
+    _check_target(out, overwrite)
+    schema = load_schema(None)
+    columns, integer = schema.field_names, schema.integer_fields()
+    source_sha = file_sha256(src)
+    row_model = human_row_model(DialogueRow)
+    key = "conversations" if fmt == "sharegpt" else "messages"
+    personas: dict[str, dict[str, Any]] = {}
+    dialogues: list[DialogueRow] = []
+    turns: list[TurnRow] = []
+    skipped: Counter[str] = Counter()
+    per_persona: Counter[str] = Counter()
+    seen: dict[str, int] = {}
+    for n, (line_no, rec) in enumerate(_any_records(src)):
+        where = f"{src}:{line_no}"
+        messages = rec.get(key, rec.get("items") if fmt == "sharegpt" else None)
+        if not isinstance(messages, list):
+            raise UserError(f"{where} has no {key!r} list; is this a {fmt} file? (--format "
+                            "sharegpt reads 'conversations', --format openai 'messages').")
+        raw_id = rec.get("id", rec.get("conversation_id"))
+        tail = f"conv-{n}" if raw_id in (None, "") else _persona_id(raw_id, where, "id")
+        if tail in seen:
+            raise UserError(f"{where} repeats the conversation id {_short(tail)!r} (first on "
+                            f"line {seen[tail]}); give each conversation its own id.")
+        seen[tail] = line_no
+        who = next((str(rec[k]) for k in _USER_KEYS if rec.get(k) not in (None, "")), None)
+        operator = _pseudonym(who if who is not None else f"{source_sha}:{tail}")
+        rows = _conversation_turns(tail, messages, fmt, where, skipped)
+        if not any(t.speaker == "client" for t in rows):
+            raise UserError(f"{where}: the conversation has no line of a person (human/user); "
+                            "leave it out of the file.")
+        if operator not in personas:  # one persona per person: what the card would describe
+            personas[operator] = {
+                "persona_id": operator, "persona_index": len(personas), "seed": 0,
+                **persona_columns({}, columns, integer), "card": "", "card_source": "import",
+                "persona_fields": "{}",
+            }
+        model = _str(rec, "model", default="unknown")
+        turns.extend(rows)
+        dialogues.append(cast(DialogueRow, row_model.model_validate({
+            "dialogue_id": tail, "persona_id": operator,
+            "conversation_index": per_persona[operator], "condition": condition,
+            "harness_level": "A", "pairing": pairing or f"human×{model}",
+            "client_backend": "import", "client_model": "human", "responder_backend": "import",
+            "responder_model": model, "seed": 0, "n_utterances": len(rows),
+            "termination_reason": "imported",
+            "source_id": json.dumps(raw_id if raw_id not in (None, "") else n),
+            "client_kind": "human", "responder_kind": "llm", "operator": operator,
+            "interface": "import",
+        })))
+        per_persona[operator] += 1
+    if not dialogues:
+        raise UserError(f"{src} holds no conversations.")
+    summary = {
+        "kind": "import", "format": fmt, "schema_version": SCHEMA_VERSION, "source": str(src),
+        "source_sha256": source_sha,
+        "imported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "defaults": {"condition": condition, "pairing": pairing or "human×<model>"},
+        "counts": {"personas": len(personas), "dialogues": len(dialogues), "turns": len(turns)},
+        "left_out": dict(sorted(skipped.items())),
+        "tables": ["personas", "dialogues", "turns"],
+    }
+    write_finished_run(out, {"personas": list(personas.values()), "dialogues": dialogues,
+                             "turns": turns}, summary, persona_fields=(columns, integer),
+                       replace=overwrite)
+    return summary

@@ -192,11 +192,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     p = subparsers.add_parser(
         "import",
-        help="convert a SPASM release JSONL file into a run directory",
-        description="Convert the public SPASM release JSONL into personas/dialogues/turns "
-        "Parquet tables that `spasm eval` reads.",
+        help="convert a SPASM release, ShareGPT or OpenAI messages file into a run directory",
+        description="Convert the public SPASM release JSONL, or people's conversations with a "
+        "model (ShareGPT JSON/JSONL, OpenAI messages JSONL: a run with human seats), into "
+        "personas/dialogues/turns Parquet tables that `spasm eval` reads (and takes as --reference).",
     )
-    p.add_argument("file", metavar="FILE.jsonl", help="the release file")
+    p.add_argument("file", metavar="FILE", help="the .jsonl (or ShareGPT .json) file")
+    p.add_argument("--format", metavar="FORMAT", default="auto",
+                   help="auto (default: told by the first record), spasm, sharegpt or openai")
     p.add_argument("--out", metavar="DIR", required=True, help="run directory to create")
     p.add_argument(
         "--condition",
@@ -207,8 +210,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--pairing",
         metavar="LABEL",
-        default="unknown",
-        help="pairing label for records without one (e.g. gpt/deepseek)",
+        default=None,
+        help="pairing label for records without one (e.g. gpt/deepseek; default unknown, and "
+        "human×<model> for people's conversations)",
     )
     p.add_argument("--force", action="store_true", help="replace tables already in --out")
     p.set_defaults(func=cmd_import)
@@ -474,15 +478,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    """``spasm import``: convert a SPASM release JSONL into run tables."""
-    from spasm.dataset.importer import import_spasm_jsonl
+    """``spasm import``: convert a SPASM release, ShareGPT or OpenAI messages file into run tables."""
+    from spasm.dataset.importer import import_conversations
 
-    summary = import_spasm_jsonl(
-        args.file, args.out, condition=args.condition, pairing=args.pairing, overwrite=args.force
+    summary = import_conversations(
+        args.file, args.out, fmt=args.format, condition=args.condition, pairing=args.pairing,
+        overwrite=args.force,
     )
     counts = summary["counts"]
+    people = summary.get("format") in ("sharegpt", "openai")
     print(
-        f"Imported {counts['dialogues']} dialogues, {counts['personas']} personas and "
+        f"Imported {counts['dialogues']} dialogues, {counts['personas']} "
+        f"{'people (pseudonymous operators)' if people else 'personas'} and "
         f"{counts['turns']} turns into {args.out}. Next: spasm eval {args.out}"
     )
+    left_out = dict(summary.get("left_out") or {})
+    merged = left_out.pop("merged", 0)
+    if left_out:  # system prompts, tool messages, empty messages, non-text parts
+        print("Left out (not utterances): " + ", ".join(f"{n} {k}" for k, n in left_out.items()) + ".")
+    if merged:
+        print(f"{merged} message(s) joined to the one before (the same seat spoke twice in a row).")
     return 0
