@@ -592,3 +592,16 @@ def test_the_same_embedded_plan_run_in_another_lane_order_gives_the_same_dialogu
         return sorted(zip(t.dialogue_id, t.turn_index.astype(int), t.text, strict=True))
 
     assert len(planned) == 3 and turns(tmp_path / "a") == turns(tmp_path / "b")
+
+
+def test_the_paired_drift_table_of_a_three_condition_run_says_it_compares_two() -> None:
+    from spasm.evaluation.metrics import ConditionSummary, DriftMetrics
+
+    def drift(*conditions: str) -> DriftMetrics:
+        return DriftMetrics.model_construct(
+            by_condition=[ConditionSummary.model_construct(condition=c) for c in conditions])
+
+    assert drift("concat", "ecp").comparison_title() == "ECP vs CONCAT"
+    title = drift("quoted", "ecp", "concat").comparison_title()
+    assert title.startswith("ECP vs CONCAT only (2 of the run's 3 conditions: ecp, concat, quoted")
+    assert "against the baseline" in title

@@ -428,7 +428,8 @@ def comparison_text(metrics: Metrics, comparison: Comparison | None = None) -> s
         f"{metrics.drift.mode}   echoing: {metrics.echoing.method}"
     ]
     rows = [_drift_row(p) for p in metrics.drift.comparisons]
-    parts.append("\nECP vs CONCAT — per-dialogue mean drift (client turns t >= 1), paired")
+    parts.append(f"\n{metrics.drift.comparison_title()} — per-dialogue mean drift (client turns "
+                 "t >= 1), paired")
     if rows:
         parts.append(pd.DataFrame(rows).to_string(index=False))
     else:

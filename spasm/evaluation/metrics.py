@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spasm.registry import ordered_conditions
+
 __all__ = [
     "SCHEMA_VERSION",
     "ConditionSummary",
@@ -138,6 +140,17 @@ class DriftMetrics(_Model):
     probe_calls: int = 0
     probe_fallbacks: int = 0
     notes: list[str] = Field(default_factory=list)
+
+    def comparison_title(self) -> str:
+        """What the paired table compares: ECP vs CONCAT, and, in a run with more conditions,
+        that it leaves the others to the table against the baseline."""
+        conditions = ordered_conditions({c.condition for c in self.by_condition})
+        others = [c for c in conditions if c not in ("ecp", "concat")]
+        if not others:
+            return "ECP vs CONCAT"
+        return (f"ECP vs CONCAT only (2 of the run's {len(conditions)} conditions: "
+                f"{', '.join(conditions)}; every condition against the baseline is compared in "
+                "the table of all metrics)")
     own: OwnDrift | None = Field(None, description="the same drift on the Client's own content")
 
 

@@ -742,6 +742,7 @@ def render_report(
         if has_group(m)
         else ""
     )
+    pair_title = html.escape(m.drift.comparison_title())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>spasm evaluation — {html.escape(Path(m.run_dir).name)}</title>
@@ -752,7 +753,7 @@ def render_report(
 <h2>Persona drift</h2>{pointer}
 {fig("drift")}
 <ul class="notes">{refs}</ul>
-<h3>ECP vs CONCAT (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{drift_table}
+<h3>{pair_title} (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{drift_table}
 <h3>By condition</h3>{by_cond}
 {notes_html}
 {own_html}
