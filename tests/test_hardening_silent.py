@@ -605,3 +605,51 @@ def test_the_paired_drift_table_of_a_three_condition_run_says_it_compares_two() 
     title = drift("quoted", "ecp", "concat").comparison_title()
     assert title.startswith("ECP vs CONCAT only (2 of the run's 3 conditions: ecp, concat, quoted")
     assert "against the baseline" in title
+
+
+# -- item 10: what the export's card says LLaMA-Factory and OpenAI will do is what they do -------
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.test_qa import generate_run
+
+    return generate_run(tmp_path_factory.mktemp("small") / "run", plant=True, personas=2)
+
+
+def test_ending_keep_for_the_client_says_every_example_ends_on_a_user_turn(
+    small_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "kept"
+    assert main(["export", str(small_run), "--out", str(out), "--split", "1", "--role", "client",
+                 "--ending", "keep", "--allow-qa", "ai_identity,prompt_leak"]) == 0
+    rows = [json.loads(x) for x in (out / "openai" / "train.jsonl").read_text().splitlines()]
+    assert rows and all(r["messages"][-1]["role"] == "user" for r in rows)
+    card = json.loads((out / "card.json").read_text())
+    assert card["user_endings"] == card["examples"] == len(rows)
+    text = (out / "README.md").read_text()
+    assert "every example ends on a `user` message" in text and "fails" in text
+    assert "some end" not in text
+    # The default ending records no such count (card.json as before).
+    trimmed = tmp_path / "trimmed"
+    assert main(["export", str(small_run), "--out", str(trimmed), "--split", "1", "--role", "client",
+                 "--allow-qa", "ai_identity,prompt_leak"]) == 0
+    assert "user_endings" not in json.loads((trimmed / "card.json").read_text())
+
+
+def test_weights_without_sharegpt_offer_llamafactory_nothing_and_say_why(
+    small_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "weighted"
+    assert main(["export", str(small_run), "--out", str(out), "--split", "1", "--weights",
+                 "--format", "openai,hf", "--allow-qa", "ai_identity,prompt_leak"]) == 0
+    assert not (out / "dataset_info.json").exists()
+    text = (out / "README.md").read_text()
+    assert "no `dataset_info.json`: LLaMA-Factory reads no per-message `weight`" in text
+
+
+def test_a_split_under_openais_minimum_of_10_examples_is_warned(
+    small_run: Path, tmp_path: Path, capsys: Any
+) -> None:
+    assert main(["export", str(small_run), "--out", str(tmp_path / "few"), "--split", "1",
+                 "--allow-qa", "ai_identity,prompt_leak"]) == 0
+    err = capsys.readouterr().err
+    assert "the train split has 4 examples, fewer than the 10 OpenAI's fine-tuning requires" in err

@@ -133,6 +133,9 @@ class CardStats(BaseModel):
     ending: str | None = None
     #: Partner turns trimmed from the ends of examples.
     trimmed_turns: int = 0
+    #: ``--ending keep``: examples that end on a ``user`` message (left out of the card.json of
+    #: other exports).
+    user_endings: int = 0
     masks: MaskStats | None = None
     #: LLaMA-Factory dataset names in ``dataset_info.json``.
     trainer_configs: list[str] = []

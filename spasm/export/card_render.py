@@ -234,13 +234,22 @@ def _training(s: CardStats, axolotl: dict[str, Any] | None) -> list[str]:
                   f"role's last one are trimmed ({_n(s.trimmed_turns)} turns), so ShareGPT examples have an "
                   "even number of messages after the system prompt, as LLaMA-Factory requires.", ""]
     elif s.ending == "keep":
-        lines += ["Examples keep the partner's turns after the role's last one (`--ending keep`): some end "
-                  "on a `user` message, and LLaMA-Factory skips ShareGPT examples with an odd number of "
-                  "messages after the system prompt.", ""]
+        every = s.user_endings == s.examples and s.examples > 0
+        lines += ["Examples keep the partner's turns after the role's last one (`--ending keep`): "
+                  + ("every example" if every else f"{_n(s.user_endings)} of the {_n(s.examples)} examples")
+                  + " end" + ("s" if every else "") + " on a `user` message, and LLaMA-Factory skips "
+                  "examples that do (an odd number of messages after the system prompt)"
+                  + (": it has nothing to train on and fails. Export with `--ending trim` for it."
+                     if every else "."), ""]
     if s.system_prompt in _SYSTEM_TEXT:
         lines += [_SYSTEM_TEXT[s.system_prompt], ""]
     if s.masks is not None:
         lines += _masks(s.masks, s.formats)
+    if not s.trainer_configs and s.masks is not None and s.masks.weights and \
+            {"openai", "hf"} & set(s.formats):
+        lines += ["**LLaMA-Factory**: no `dataset_info.json`: LLaMA-Factory reads no per-message "
+                  "`weight`, so it would train the turns weighted 0 in these files. Add `--format "
+                  "sharegpt` (examples cut before their first untrained turn) for it.", ""]
     if s.trainer_configs:
         lines += ["**LLaMA-Factory**: `dataset_info.json` beside the data declares "
                   + ", ".join(f"`{n}`" for n in s.trainer_configs)

@@ -36,6 +36,8 @@ __all__ = ["WARN_TOKENS", "CheckReport", "check_examples", "check_openai_file", 
 #: the model (16,385 for the first chat fine-tuning models, 65,536 for newer ones), and OpenAI's
 #: notebook only warns (longer examples are truncated); ``--token-limit`` enforces one.
 WARN_TOKENS = 65_536
+#: The fewest examples OpenAI's fine-tuning accepts in a training (or validation) file.
+OPENAI_MIN_EXAMPLES = 10
 _TOP_KEYS = {"messages", "tools", "parallel_tool_calls"}
 _MESSAGE_KEYS = {"role", "content", "name", "weight", "tool_calls", "tool_call_id", "function_call"}
 _ROLES = {"system", "user", "assistant", "tool", "function"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     for f in summary.files:
         print(f"  {f}")
     print("splits: " + ", ".join(f"{k} {v.examples}" for k, v in s.splits.items()))
+    from spasm.export.check import OPENAI_MIN_EXAMPLES
+
+    small = {k: v.examples for k, v in s.splits.items() if v.examples < OPENAI_MIN_EXAMPLES}
+    if small and "openai" in s.formats:
+        print("warning: " + ", ".join(f"the {k} split has {n} example{'s' * (n != 1)}"
+                                        for k, n in small.items())
+              + f", fewer than the {OPENAI_MIN_EXAMPLES} OpenAI's fine-tuning requires of a file: "
+              "OpenAI will refuse it. Export more dialogues, or fold the small splits in (--split 1,0,0).",
+              file=sys.stderr)
     dropped = sum(s.dropped.values())
     print(f"dropped {dropped} conversations" + (": " + ", ".join(f"{k} {v}" for k, v in s.dropped.items())
                                                 if dropped else ""))

@@ -194,6 +194,8 @@ class _Built:
     merged_turns: int = 0
     openings_added: int = 0
     llamafactory_kept: int = 0
+    #: Examples that end on a ``user`` message (``--ending keep``).
+    user_endings: int = 0
 
 
 def _publish(stage: Path, out: Path) -> None:
@@ -296,6 +298,8 @@ class _Builder:
             if self.options.ending == "trim":
                 messages, trimmed = end_on_role(messages)
                 self.built.trimmed += trimmed
+            elif messages and messages[-1].get("role") == "user":
+                self.built.user_endings += 1
             if "participant_id" in extra:  # a group example: what LLaMA-Factory will keep
                 self.built.llamafactory_kept += llamafactory_keeps(messages)
             self.count_masks(messages)
@@ -522,7 +526,7 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
             human_conversations=len(people & set(result.kept)), formats=[f.name for f in formats],
             license=options.license or str((run.config or {}).get("license") or "unknown"),
             language=options.language, system_prompt=options.system_prompt, ending=options.ending,
-            trimmed_turns=built.trimmed,
+            trimmed_turns=built.trimmed, user_endings=built.user_endings,
             masks=MaskStats(weights=options.weights, untrained_turns=built.untrained_turns,
                             untrained_examples=built.untrained_examples,
                             sharegpt_cut=built.sharegpt_cut if options.weights else 0,
@@ -535,7 +539,8 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
         mark_output(stage, "export")  # so a later --overwrite may replace this, and only this
         # Not the scan's time: identical runs give identical exports (it is in the run's qa table).
         exclude: dict[str, Any] = {"qa": {"found_at"}, **({} if seats else {"group": True}),
-                                   **({} if people else {"human_conversations": True})}
+                                   **({} if people else {"human_conversations": True}),
+                                   **({} if options.ending == "keep" else {"user_endings": True})}
         atomic_write_json(stage / "card.json", stats.model_dump(mode="json", exclude=exclude))
         shutil.rmtree(stage / ".work", ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)

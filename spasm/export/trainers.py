@@ -64,7 +64,9 @@ def llamafactory_dataset_info(
     known = _known(formats)
     if (weights or tools) and any(f.name == "sharegpt" for f in known):
         known = [f for f in known if f.name == "sharegpt"]
-    elif tools:
+    elif tools or weights:
+        # LLaMA-Factory reads no per-message weight: it would train the weight-0 turns of the
+        # OpenAI and Parquet files, so it is offered none of them.
         known = []
     info: dict[str, Any] = {}
     for fmt in known:
