@@ -410,6 +410,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for r in metrics.payload_leak.rates:
             if r.pairing == "all" and r.condition != "all" and r.rate is not None:
                 print(f"Payload leaks ({r.condition}): {r.n_leaking}/{r.n} = {r.rate:.1%}")
+    if metrics.human is not None:  # people in seats: simulator vs people, the judge vs the person
+        from spasm.evaluation.human import summary_lines
+
+        for line in summary_lines(metrics.human):
+            print(line)
     if metrics.group is not None:  # a group run: role confusion per condition
         from spasm.evaluation.compare import group_text
 

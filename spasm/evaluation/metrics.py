@@ -29,7 +29,10 @@ __all__ = [
     "GroupParticipantStat",
     "GroupRate",
     "GroupStat",
+    "HumanMetrics",
+    "HumanRealismStat",
     "JudgeAgreement",
+    "JudgeCalibration",
     "JudgeDisagreement",
     "JudgeEnsemble",
     "JudgeResult",
@@ -650,6 +653,52 @@ class OwnContentMetrics(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
+class HumanRealismStat(_Model):
+    """One realism metric for the simulator and for people side by side, with the people's
+    own spread (two halves of the human set) as the ceiling a simulator can reach."""
+
+    metric: str
+    condition: str = Field(description="the simulated dialogues' condition, or 'all'")
+    n_simulated: int
+    simulated_mean: float | None
+    n_human: int
+    human_mean: float | None
+    gap: float | None = Field(description="simulated mean minus human mean")
+    human_spread: float | None = Field(
+        description="mean |difference of the means| of two random halves of the human set "
+        "(the human-human control); None under 4 human dialogues")
+    gap_over_spread: float | None = Field(
+        description="|gap| / human_spread: 1 or less is as close as two groups of people are")
+
+
+class JudgeCalibration(_Model):
+    """The LLM goal judge against what the person said at the end of a play session."""
+
+    n: int = Field(description="dialogues with both the judge's goal_met and person_goal_met")
+    agreement: float | None = Field(description="share of those where the two agree")
+    kappa: float | None = Field(description="Cohen's kappa, judge vs person")
+    judge_rate: float | None = Field(description="share the judge says met")
+    person_rate: float | None = Field(description="share the person says met")
+    bias: float | None = Field(description="judge_rate minus person_rate (> 0: the judge overrates)")
+    n_rated: int = Field(description="dialogues with both a judge outcome and a person_rating")
+    spearman: float | None = Field(
+        description="Spearman's rho of the person's 1-5 rating and the judge's outcome (the "
+        "reward where the run has one, else goal_met as 0/1)")
+    spearman_p: float | None
+
+
+class HumanMetrics(_Model):
+    """Human-calibrated numbers (docs/evaluation.md, "Against people")."""
+
+    reference: str | None = Field(description="the --reference run, or None (the run's own people)")
+    n_human_run: int = Field(description="dialogues of the run with a person in a seat")
+    n_human_reference: int = Field(description="dialogues of the reference with a person in a seat")
+    splits: int = Field(description="random half-splits averaged for human_spread")
+    stats: list[HumanRealismStat]
+    calibration: JudgeCalibration | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
 class Metrics(_Model):
     """Everything ``spasm eval`` computes for one run directory."""
 
@@ -679,4 +728,6 @@ class Metrics(_Model):
     simulator_errors: SimulatorErrorMetrics | None = Field(
         None, description="the simulated user's judged errors (--simulator-errors)")
     llm: LLMUsage | None = Field(None, description="probe/judge calls; null when no LLM was used")
+    human: HumanMetrics | None = Field(
+        None, description="simulator vs people and judge calibration (runs or references with people)")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

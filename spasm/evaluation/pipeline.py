@@ -59,6 +59,7 @@ from spasm.evaluation.embeddings import (
 from spasm.evaluation.figures import write_figures
 from spasm.evaluation.goals import goal_metrics
 from spasm.evaluation.group import GroupResult, group_stage, two_party_note
+from spasm.evaluation.human import human_stage
 from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
 from spasm.evaluation.language import language_scan
 from spasm.evaluation.leaks import leak_stage
@@ -398,6 +399,10 @@ def _evaluate(
     t0 = time.perf_counter()
     realism, realism_cols = _realism(convs, reference)
     timings["realism"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    human = human_stage(data, realism_cols, reference)  # people in seats: simulator vs people
+    if human is not None:
+        timings["human"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     language, language_cols = language_scan(convs, personas)
@@ -471,6 +476,7 @@ def _evaluate(
         payload_leak=leak,
         simulator_errors=simulator,
         llm=llm.usage() if llm is not None else None,
+        human=human,
         timings={},
     )
     frame = _per_dialogue(convs, means, verdicts, pca_xy, realism_cols, echo_threshold)

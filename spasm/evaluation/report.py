@@ -42,6 +42,7 @@ from spasm.evaluation.report_group import (
     group_only,
     has_group,
 )
+from spasm.evaluation.report_human import human_html
 from spasm.evaluation.report_parts import _ci, _colour, _empty, _fmt, _or, _png, _table
 from spasm.registry import condition_rank, ordered_conditions
 
@@ -772,6 +773,7 @@ def render_report(
 {_onset_html(m)}
 <h2>Realism: lexical diversity and diagnostics</h2>
 {_realism_html(m)}
+{human_html(m)}
 {_language_html(m)}
 {_judges_html(m)}
 {outcomes_html(m)}

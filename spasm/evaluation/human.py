@@ -1,0 +1,229 @@
+"""Numbers calibrated against people: the simulator beside a human set, and the goal judge
+beside what the person said (docs/evaluation.md, "Against people").
+
+**Simulator vs people.** The human set is every dialogue with a person in a seat
+(``dialogues.client_kind`` / ``responder_kind`` ``human``, format 1.10: ``spasm play``
+sessions, ``spasm import`` of ShareGPT or OpenAI messages), in the run itself and in
+``--reference``. Each realism metric of a side (``mattr_client``, ``hdd_responder`` …,
+:data:`~spasm.evaluation.realism.REALISM_METRICS`) is compared where that side is a person
+(human values) and where it is a model (simulated values: kind ``llm``, or no kind recorded,
+as in every run before 1.10). The ceiling is the human–human spread: the human set split at
+random into two halves, the absolute difference of the halves' means, averaged over
+:data:`SPLITS` seeded splits (MirrorBench's human–human control). A simulator whose gap to the
+people is within that spread is as close to them as two groups of people are to each other.
+
+**Judge calibration.** A dialogue a person played ends with their own verdict
+(``person_goal_met``, ``person_rating`` 1–5); where the goal judge also decided
+(``goal_met``), Cohen's κ and the share of agreement say how well it matches the person, and
+its bias is the rate it judges met minus the rate the person said met. Spearman's ρ relates the
+rating to the judge's outcome (the reward where the run has one, else ``goal_met`` as 0/1).
+
+Runs without people get no ``human`` section (:func:`human_stage` returns ``None``), so their
+metrics are as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from spasm.evaluation.agreement import cohen_kappa
+from spasm.evaluation.loader import Conversation, RunData, load_run
+from spasm.evaluation.metrics import HumanMetrics, HumanRealismStat, JudgeCalibration
+from spasm.evaluation.realism import REALISM_METRICS, realism_frame
+from spasm.evaluation.stats import finite
+
+__all__ = ["SPLITS", "human_frame", "human_stage", "judge_calibration", "summary_lines"]
+
+#: Random half-splits of the human set averaged for the human–human spread.
+SPLITS = 200
+_SEED = 20260126
+_MIN_SPLIT = 4  # two dialogues a half
+
+
+def _side(metric: str) -> str:
+    return metric.rsplit("_", 1)[1]
+
+
+def _kinds(dialogues: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """Each dialogue's seat kinds (``client``/``responder`` -> ``llm``/``function``/``human``);
+    a run without the 1.10 columns is models throughout."""
+    out: dict[str, dict[str, str]] = {}
+    for row in dialogues.to_dict("records"):
+        kinds = {}
+        for side in ("client", "responder"):
+            value = row.get(f"{side}_kind")
+            kinds[side] = str(value) if isinstance(value, str) and value else "llm"
+        out[str(row["dialogue_id"])] = kinds
+    return out
+
+
+def _has_person(kinds: dict[str, dict[str, str]]) -> int:
+    return sum("human" in k.values() for k in kinds.values())
+
+
+def human_frame(data: RunData) -> tuple[pd.DataFrame, dict[str, dict[str, str]]]:
+    """A run's realism frame (one row per dialogue) and its seats' kinds."""
+    return realism_frame(data.conversations), _kinds(data.dialogues)
+
+
+def _values(frame: pd.DataFrame, kinds: dict[str, dict[str, str]], metric: str, kind: str,
+            ids: set[str] | None = None) -> np.ndarray:
+    side = _side(metric)
+    rows = [did for did in frame.index
+            if kinds.get(str(did), {}).get(side) == kind and (ids is None or str(did) in ids)]
+    values: np.ndarray = frame.loc[rows, metric].to_numpy(dtype=float) if rows else np.array([])
+    kept: np.ndarray = values[np.isfinite(values)]
+    return kept
+
+
+def _spread(values: np.ndarray, rng: np.random.Generator) -> float | None:
+    """The mean |difference of the two halves' means| over :data:`SPLITS` random halvings."""
+    n = values.size
+    if n < _MIN_SPLIT:
+        return None
+    half = n // 2
+    gaps = np.empty(SPLITS)
+    for k in range(SPLITS):
+        order = rng.permutation(n)
+        gaps[k] = abs(values[order[:half]].mean() - values[order[half:2 * half]].mean())
+    return float(gaps.mean())
+
+
+def _mean(values: np.ndarray) -> float | None:
+    return float(values.mean()) if values.size else None
+
+
+def _realism_stats(
+    run: pd.DataFrame, run_kinds: dict[str, dict[str, str]], ref: pd.DataFrame | None,
+    ref_kinds: dict[str, dict[str, str]], conversations: Sequence[Conversation],
+) -> list[HumanRealismStat]:
+    by_condition: dict[str, set[str]] = {}
+    for c in conversations:
+        by_condition.setdefault(c.condition, set()).add(c.dialogue_id)
+    scopes: list[tuple[str, set[str] | None]] = [("all", None), *sorted(by_condition.items())]
+    stats = []
+    for metric in REALISM_METRICS:
+        human = _values(run, run_kinds, metric, "human")
+        if ref is not None:
+            human = np.concatenate([human, _values(ref, ref_kinds, metric, "human")])
+        if not human.size:
+            continue  # no person ever sat on this metric's side
+        spread = _spread(human, np.random.default_rng(_SEED))  # one stream per metric: stable
+        human_mean = _mean(human)
+        for condition, ids in scopes:
+            sim = _values(run, run_kinds, metric, "llm", ids)
+            sim_mean = _mean(sim)
+            gap = None if sim_mean is None or human_mean is None else sim_mean - human_mean
+            stats.append(HumanRealismStat(
+                metric=metric, condition=condition, n_simulated=int(sim.size),
+                simulated_mean=finite(sim_mean), n_human=int(human.size),
+                human_mean=finite(human_mean), gap=finite(gap), human_spread=finite(spread),
+                gap_over_spread=finite(abs(gap) / spread) if gap is not None and spread else None,
+            ))
+    return stats
+
+
+def _column(dialogues: pd.DataFrame, name: str) -> pd.Series:
+    if name in dialogues.columns:
+        return dialogues[name]
+    return pd.Series([None] * len(dialogues), index=dialogues.index, dtype=object)
+
+
+def judge_calibration(dialogues: pd.DataFrame) -> JudgeCalibration | None:
+    """The goal judge against the person's own verdicts, or ``None`` when no dialogue has a
+    person's verdict."""
+    from scipy.stats import spearmanr
+
+    person = _column(dialogues, "person_goal_met")
+    rating = _column(dialogues, "person_rating")
+    if person.isna().all() and rating.isna().all():
+        return None
+    judged = _column(dialogues, "goal_met")
+    reward = _column(dialogues, "reward")
+    pairs = [(bool(j), bool(p)) for j, p in zip(judged, person, strict=True)
+             if pd.notna(j) and pd.notna(p)]
+    n = len(pairs)
+    judge_rate = sum(j for j, _ in pairs) / n if n else None
+    person_rate = sum(p for _, p in pairs) / n if n else None
+    outcome = [float(r) if pd.notna(r) else (float(bool(j)) if pd.notna(j) else None)
+               for r, j in zip(reward, judged, strict=True)]
+    rated = [(float(r), o) for r, o in zip(rating, outcome, strict=True)
+             if pd.notna(r) and o is not None]
+    rho = p_value = None
+    if len(rated) >= 3 and len({r for r, _ in rated}) > 1 and len({o for _, o in rated}) > 1:
+        result = spearmanr([r for r, _ in rated], [o for _, o in rated])
+        rho, p_value = finite(result.statistic), finite(result.pvalue)
+    return JudgeCalibration(
+        n=n,
+        agreement=sum(j == p for j, p in pairs) / n if n else None,
+        kappa=cohen_kappa([j for j, _ in pairs], [p for _, p in pairs]) if n else None,
+        judge_rate=judge_rate, person_rate=person_rate,
+        bias=judge_rate - person_rate if judge_rate is not None and person_rate is not None
+        else None,
+        n_rated=len(rated), spearman=rho, spearman_p=p_value,
+    )
+
+
+def human_stage(
+    data: RunData, frame: pd.DataFrame, reference: str | Path | None,
+) -> HumanMetrics | None:
+    """Simulator vs people and judge calibration for a run (its realism ``frame``, from
+    :func:`~spasm.evaluation.realism.realism_frame`) and its ``reference``; ``None`` when
+    neither has a dialogue with a person in a seat."""
+    run_kinds = _kinds(data.dialogues)
+    ref_frame: pd.DataFrame | None = None
+    ref_kinds: dict[str, dict[str, str]] = {}
+    ref_dialogues: pd.DataFrame | None = None
+    if reference is not None:
+        ref_data = load_run(reference)
+        ref_frame, ref_kinds = human_frame(ref_data)
+        ref_dialogues = ref_data.dialogues
+    n_run, n_ref = _has_person(run_kinds), _has_person(ref_kinds)
+    if not n_run and not n_ref:
+        return None
+    notes: list[str] = []
+    stats = _realism_stats(frame, run_kinds, ref_frame, ref_kinds, data.conversations)
+    n_human = max((s.n_human for s in stats), default=0)
+    if stats and n_human < _MIN_SPLIT:
+        notes.append(f"Only {n_human} human dialogue(s): the human–human spread needs at least "
+                     f"{_MIN_SPLIT} (two halves of two), so there is no ceiling.")
+    if not any(s.n_simulated for s in stats):
+        notes.append("No simulated dialogue on the sides people sat on: human values only.")
+    calibration = judge_calibration(data.dialogues)
+    if calibration is None and ref_dialogues is not None:
+        calibration = judge_calibration(ref_dialogues)
+        if calibration is not None:
+            notes.append("Judge calibration from the reference's dialogues (the run has no "
+                         "person's verdict): its goal judge, not this run's.")
+    if calibration is not None and calibration.n == 0:
+        notes.append("No dialogue has both the goal judge's goal_met and the person's "
+                     "person_goal_met (a run without scenarios has no judge): no κ or bias.")
+    return HumanMetrics(
+        reference=str(reference) if reference is not None else None,
+        n_human_run=n_run, n_human_reference=n_ref, splits=SPLITS, stats=stats,
+        calibration=calibration, notes=notes,
+    )
+
+
+def summary_lines(h: HumanMetrics) -> list[str]:
+    """What ``spasm eval`` prints of the human comparison: the metrics furthest from people
+    relative to their ceiling, and the judge's calibration."""
+    lines = [f"Against people ({h.n_human_run} in the run, {h.n_human_reference} in the "
+             "reference): simulated vs human mean, human-human spread in brackets"]
+    for s in [s for s in h.stats if s.condition == "all"]:
+        ratio = "" if s.gap_over_spread is None else f", |gap|/spread {s.gap_over_spread:.1f}"
+        sim = "—" if s.simulated_mean is None else f"{s.simulated_mean:.3f}"
+        human = "—" if s.human_mean is None else f"{s.human_mean:.3f}"
+        spread = "—" if s.human_spread is None else f"{s.human_spread:.3f}"
+        lines.append(f"  {s.metric}: {sim} vs {human} [{spread}]{ratio}")
+    c = h.calibration
+    if c is not None:
+        kappa = "—" if c.kappa is None else f"{c.kappa:.2f}"
+        bias = "—" if c.bias is None else f"{c.bias:+.2f}"
+        rho = "" if c.spearman is None else f"; Spearman {c.spearman:.2f} (n={c.n_rated})"
+        lines.append(f"Goal judge vs person (n={c.n}): kappa {kappa}, bias {bias}{rho}")
+    return lines

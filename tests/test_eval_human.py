@@ -1,0 +1,182 @@
+"""`spasm eval` against people: each realism metric for the simulator and for people side by
+side with the human-human spread as its ceiling (a --reference of imported conversations, or
+people within the run), and the goal judge calibrated against the person's own verdict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import spearmanr
+
+from spasm.dataset.importer import import_conversations, import_spasm_jsonl
+from spasm.dataset.rows import ScenarioDialogueRow, TurnRow, human_row_model
+from spasm.dataset.store import RunStore, write_finished_run
+from spasm.evaluation import evaluate, register_embedder
+from spasm.evaluation.human import SPLITS
+from spasm.evaluation.testing import LookupEmbedder
+
+register_embedder("lookup", LookupEmbedder)
+SAMPLE = Path(__file__).parent / "data" / "spasm_release_sample.jsonl"
+ROOT = Path(__file__).resolve().parent.parent
+
+PEOPLE_LINES = [
+    ["hey so my order never came", "ugh its been two weeks, I already told you the number"],
+    ["Hello. I would like to cancel my subscription please.", "Thanks, that is all."],
+    ["is the shop open sunday", "ok"],
+    ["My invoice is wrong: you charged me twice for the same lamp.", "Seriously? Still not fixed."],
+    ["can i change the delivery address", "great thank you so much"],
+    ["Hi", "The blue one. Or the green, I cannot decide, what would you pick for a small room?"],
+]
+
+
+def _people(tmp_path: Path) -> Path:
+    src = tmp_path / "people.jsonl"
+    records = []
+    for k, lines in enumerate(PEOPLE_LINES):
+        messages: list[dict[str, Any]] = []
+        for line in lines:
+            messages += [{"role": "user", "content": line},
+                         {"role": "assistant", "content": f"Answer {k} to: {line}"}]
+        records.append({"id": f"h{k}", "user": f"u{k}", "messages": messages})
+    src.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    import_conversations(src, tmp_path / "people")
+    return tmp_path / "people"
+
+
+def _spread(values: np.ndarray) -> float:
+    rng = np.random.default_rng(20260126)
+    half = len(values) // 2
+    gaps = []
+    for _ in range(SPLITS):
+        o = rng.permutation(len(values))
+        gaps.append(abs(values[o[:half]].mean() - values[o[half:2 * half]].mean()))
+    return float(np.mean(gaps))
+
+
+def test_a_reference_of_imported_people_is_the_ceiling_of_every_realism_metric(tmp_path: Path) -> None:
+    sim = tmp_path / "sim"
+    import_spasm_jsonl(SAMPLE, sim)
+    ref = _people(tmp_path)
+    m = evaluate(sim, embedder="lookup", reference=ref, progress=False)
+    assert m.human is not None and m.human.n_human_run == 0 and m.human.n_human_reference == 6
+    by = {(s.metric, s.condition): s for s in m.human.stats}
+    sim_frame = pd.read_parquet(sim / "eval" / "per_dialogue.parquet")
+    evaluate(ref, embedder="lookup", progress=False)
+    ref_frame = pd.read_parquet(ref / "eval" / "per_dialogue.parquet")
+    assert ("mattr_responder", "all") not in by  # no person sat in the responder seat
+    for metric in ("mattr_client", "politeness_client", "yules_k_client"):
+        s = by[(metric, "all")]
+        sims = sim_frame[metric].dropna().to_numpy()
+        people = ref_frame[metric].dropna().to_numpy()
+        assert (s.n_simulated, s.n_human) == (len(sims), len(people)) == (3, 6)
+        assert s.simulated_mean == pytest.approx(sims.mean())
+        assert s.human_mean == pytest.approx(people.mean())
+        assert s.gap == pytest.approx(sims.mean() - people.mean())
+        assert s.human_spread == pytest.approx(_spread(people))
+        assert s.gap_over_spread == pytest.approx(abs(s.gap) / s.human_spread)
+    # Per condition of the simulated dialogues, against the same people.
+    assert by[("mattr_client", "concat")].n_simulated == 1
+    metrics = json.loads((sim / "eval" / "metrics.json").read_text())
+    assert metrics["human"]["stats"][0]["metric"] == "mattr_client"
+    report = (sim / "eval" / "report.html").read_text()
+    assert "Against people" in report and "human–human spread" in report
+    # The z-scores against the same reference are those the realism stage always gave.
+    assert m.realism is not None and m.realism.reference is not None
+
+
+def test_a_run_without_people_has_no_human_section(tmp_path: Path) -> None:
+    sim = tmp_path / "sim"
+    import_spasm_jsonl(SAMPLE, sim)
+    m = evaluate(sim, embedder="lookup", write=False, progress=False)
+    assert m.human is None
+    other = tmp_path / "other"
+    import_spasm_jsonl(SAMPLE, other)
+    assert evaluate(sim, embedder="lookup", reference=other, write=False, progress=False).human is None
+
+
+def _dialogue(did: str, kind: str, **extra: Any) -> dict[str, Any]:
+    return {"dialogue_id": did, "persona_id": "p0", "conversation_index": int(did[1:]),
+            "condition": "ecp", "pairing": "human×m" if kind == "human" else "m/m",
+            "client_backend": "b", "client_model": "m", "responder_backend": "b",
+            "responder_model": "m", "seed": 0, "n_utterances": 2, "termination_reason": "natural",
+            "client_kind": kind, "responder_kind": "llm", **extra}
+
+
+def _turns(did: str, client: str) -> list[dict[str, Any]]:
+    return [{"dialogue_id": did, "turn_index": 0, "speaker": "client", "text": client},
+            {"dialogue_id": did, "turn_index": 1, "speaker": "responder", "text": "Sure, done."}]
+
+
+def test_people_within_the_run_itself_are_the_reference(tmp_path: Path) -> None:
+    dialogues, turns = [], []
+    for k, lines in enumerate(PEOPLE_LINES):
+        dialogues.append(_dialogue(f"d{k}", "human", operator=f"op-{k:06d}", interface="web"))
+        turns += _turns(f"d{k}", " ".join(lines))
+    for k in range(6, 10):
+        dialogues.append(_dialogue(f"d{k}", "llm"))
+        turns += _turns(f"d{k}", "Hello! I hope you are well. I would like some help with my order.")
+    persona = {"persona_id": "p0", "persona_index": 0, "card": "A person."}
+    write_finished_run(tmp_path / "mixed", {"personas": [persona], "dialogues": dialogues,
+                                            "turns": turns}, {"schema_version": "1.10"},
+                       persona_fields=([], set()))
+    m = evaluate(tmp_path / "mixed", embedder="lookup", write=False, progress=False)
+    assert m.human is not None and m.human.n_human_run == 6 and m.human.reference is None
+    s = next(s for s in m.human.stats if s.metric == "politeness_client" and s.condition == "all")
+    assert (s.n_simulated, s.n_human) == (4, 6)
+    assert s.simulated_mean == pytest.approx(0.0)  # the model's line has no courtesy marker
+    assert s.human_spread is not None and s.human_spread > 0
+    assert m.human.calibration is None  # nobody was asked
+
+
+def _played(tmp_path: Path, judged: list[bool | None], person: list[bool | None],
+            ratings: list[int | None]) -> Path:
+    """A run as play sessions leave it: scenarios (the goal judge's goal_met) and people's
+    verdicts (person_goal_met, person_rating), written through the store."""
+    out = tmp_path / "played"
+    store = RunStore(out)
+    store.create()
+    store.set_persona_fields([], set())
+    store.declare_scenarios()
+    store.declare_humans()
+    d_model, t_model = human_row_model(ScenarioDialogueRow), human_row_model(TurnRow)
+    rows = [d_model.model_validate({**_dialogue(f"d{k}", "human", operator="op-000001",
+                                                interface="terminal"), "scenario_id": "refund",
+                                    "goal_met": j, "person_goal_met": p, "person_rating": r})
+            for k, (j, p, r) in enumerate(zip(judged, person, ratings, strict=True))]
+    turns = [t_model.model_validate(t) for k in range(len(rows))
+             for t in _turns(f"d{k}", "I was charged twice.")]
+    persona = {"persona_id": "p0", "persona_index": 0, "card": "A person."}
+    store.write_batch("000001", {"personas": [persona], "dialogues": rows, "turns": turns})
+    store.compact_all()
+    store.write_json("manifest.json", {"schema_version": "1.10"})
+    return out
+
+
+def test_the_goal_judge_is_calibrated_against_the_persons_own_verdict(tmp_path: Path) -> None:
+    judged = [True, True, True, True, False, False, None]
+    person = [True, True, False, False, False, False, True]
+    ratings = [5, 4, 3, 3, 1, 2, None]
+    run = _played(tmp_path, judged, person, ratings)
+    m = evaluate(run, embedder="lookup", progress=False)
+    assert m.human is not None
+    c = m.human.calibration
+    assert c is not None and c.n == 6  # the undecided dialogue is left out
+    assert c.judge_rate == pytest.approx(4 / 6) and c.person_rate == pytest.approx(2 / 6)
+    assert c.bias == pytest.approx(2 / 6) and c.agreement == pytest.approx(4 / 6)
+    # po = 4/6, pe = 4/6 * 2/6 + 2/6 * 4/6 = 16/36: kappa = (24 - 16) / (36 - 16) = 0.4
+    assert c.kappa == pytest.approx(0.4)
+    rho = spearmanr(ratings[:6], [1, 1, 1, 1, 0, 0]).statistic
+    assert c.n_rated == 6 and c.spearman == pytest.approx(rho)
+    report = (run / "eval" / "report.html").read_text()
+    assert "Goal judge vs the person" in report
+    proc = subprocess.run([sys.executable, "-m", "spasm", "eval", str(run), "--embedder", "static",
+                           "--no-progress"], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "Goal judge vs person (n=6): kappa 0.40, bias +0.33" in proc.stdout
