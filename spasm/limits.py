@@ -324,12 +324,14 @@ class AdaptiveRate:
 
     **Test.** Let ``s`` be the share of 429s over the last :attr:`WATCH` answers before the
     decrease and ``a`` the share among the answers to requests sent after it. The 429s are
-    about the rate when ``a`` is clearly below ``s`` (by half, or by 2σ of ``n`` answers), when
+    about the rate when ``a`` is clearly below ``s`` (by 2σ of its ``n`` answers, or to a
+    quarter of it over the whole sample), when
     ``s`` is small (< :attr:`MIN_SHARE`: too few to tell, and a decrease of a tenth costs
     little), or when nearly everything is still refused while some requests pass (far above a
     limit, lowering a few times is needed before the share moves). Otherwise lowering the rate
-    did not lower the share: the decreases since the backend was last unpaced (or overloaded)
-    are undone and the backend is ``overloaded``: its 429s are retried after the server's
+    did not lower the share, and when that happens :attr:`STRIKES` times in a row the
+    decreases since the backend was last unpaced (or overloaded) are undone and the backend is
+    ``overloaded``: its 429s are retried after the server's
     delay and no decrease is made until their share rises :attr:`RETEST_MARGIN` above the
     share it keeps measuring. A rate verdict needs :attr:`MIN_SAMPLE` answers, a random one
     :attr:`SAMPLE`.
@@ -343,6 +345,8 @@ class AdaptiveRate:
     SAMPLE = 24
     MIN_SAMPLE = 8
     MIN_SHARE = 0.05
+    #: Decreases in a row that must change nothing before the 429s count as random.
+    STRIKES = 2
     #: Answers over which the share of 429s is measured before a decrease and watched in the
     #: ``overloaded`` state, and how far above the share measured it must rise for another
     #: decrease to be tried.
@@ -363,6 +367,7 @@ class AdaptiveRate:
         self.background = 0.0  # the share of random 429s measured
         self.test: _Test | None = None
         self._chain: _Saved | None = None  # the state before this chain of decreases
+        self._strikes = 0  # tests in a row whose decrease changed nothing
         self._answers: collections.deque[bool] = collections.deque(maxlen=self.WATCH)
         self._starts: collections.deque[float] = collections.deque(maxlen=4096)
         self._first_start: float | None = None
@@ -446,14 +451,24 @@ class AdaptiveRate:
             return
         after = test.refused / n
         sigma = math.sqrt(max(before * (1 - before), 0.01) / n)
-        dropped = after <= 0.5 * before or after < before - 2 * sigma
+        # Checked on every answer: 2σ of n (so a few lucky answers decide nothing), or, with
+        # the whole sample in, a quarter of the share before.
+        dropped = after < before - 2 * sigma or (n >= self.SAMPLE and after <= before / 4)
         far_above = after >= 0.9 and test.refused < n
         if before < self.MIN_SHARE or dropped or far_above:
             self.test = None
             self.state = "limited"
+            self._strikes = 0
+        elif n >= self.SAMPLE and self._strikes < self.STRIKES - 1:
+            # No effect, once: far above a limit one decrease may not be enough to show, so
+            # the next 429 lowers the rate again and that decrease is tested too.
+            self.test = None
+            self.state = "limited"
+            self._strikes += 1
         elif n >= self.SAMPLE:
             # Lowering the rate did not lower the share of 429s: they are not about the rate.
             self.test = None
+            self._strikes = 0
             if self._chain is not None:
                 self.rate, self._base, self.decreased_at, _ = self._chain
             self._chain = None
