@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -129,3 +130,93 @@ def test_bad_input_through_the_cli_is_exit_2_without_a_traceback(tmp_path: Path)
     assert "Traceback" not in proc.stderr
     proc = _cli("import", str(src), "--out", str(tmp_path / "run"), "--format", "csv")
     assert proc.returncode == 2 and "Unknown --format 'csv'" in proc.stderr
+
+
+def _attr(key: str, value: Any) -> dict[str, Any]:
+    kind = "intValue" if isinstance(value, int) else "stringValue"
+    return {"key": key, "value": {kind: str(value) if kind == "intValue" else value}}
+
+
+def _span(session: str, start: int, inputs: list[dict[str, Any]], reply: str,
+          **extra: Any) -> dict[str, Any]:
+    return {"traceId": f"t{start}", "spanId": f"s{start}", "name": "chat gpt-4o",
+            "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 1),
+            "attributes": [_attr("gen_ai.operation.name", "chat"), _attr("session.id", session),
+                           _attr("gen_ai.request.model", "gpt-4o"),
+                           _attr("gen_ai.input.messages", json.dumps(inputs)),
+                           _attr("gen_ai.output.messages", json.dumps(
+                               [{"role": "assistant", "parts": [{"type": "text", "content": reply}],
+                                 "finish_reason": "stop"}])),
+                           *[_attr(k, v) for k, v in extra.items()]]}
+
+
+def _msg(role: str, text: str) -> dict[str, Any]:
+    return {"role": role, "parts": [{"type": "text", "content": text}]}
+
+
+def test_opentelemetry_genai_spans_are_grouped_by_session_into_conversations(tmp_path: Path) -> None:
+    sys_msg, u1, u2 = _msg("system", "You are a shop."), _msg("user", "Where is my parcel?"), \
+        _msg("user", "It is order 77.")
+    a1 = _msg("assistant", "Which order?")
+    spans = [
+        # Out of order in the file: the session's calls are put in time order.
+        _span("chat-1", 200, [sys_msg, u1, a1, u2], "Order 77 ships today.", **{"user.id": "carol"}),
+        _span("chat-1", 100, [sys_msg, u1], "Which order?"),
+        _span("chat-2", 150, [_msg("user", "Hi")], "Hello! How can I help?"),
+        {"traceId": "t9", "spanId": "s9", "name": "GET /orders", "startTimeUnixNano": "120",
+         "attributes": [_attr("http.method", "GET")]},
+    ]
+    doc = {"resourceSpans": [{"resource": {"attributes": [_attr("service.name", "shop")]},
+                              "scopeSpans": [{"scope": {"name": "openai"}, "spans": spans}]}]}
+    src = tmp_path / "traces.json"
+    src.write_text(json.dumps(doc, indent=2))  # pretty-printed: one document over many lines
+    assert detect_format(src) == "otlp"
+    summary = import_conversations(src, tmp_path / "run")
+    assert summary["format"] == "otlp" and summary["counts"]["dialogues"] == 2
+    assert summary["left_out"]["no_messages"] == 1  # the HTTP span
+    d = pd.read_parquet(tmp_path / "run" / "dialogues.parquet").set_index("dialogue_id")
+    assert set(d.index) == {"chat-1", "chat-2"}
+    assert d.loc["chat-1", "pairing"] == "human×gpt-4o" and d.loc["chat-1", "client_kind"] == "human"
+    assert d.loc["chat-1", "interface"] == "import"
+    t = pd.read_parquet(tmp_path / "run" / "turns.parquet")
+    chat1 = t[t["dialogue_id"] == "chat-1"].sort_values("turn_index")
+    assert list(chat1["text"]) == ["Where is my parcel?", "Which order?", "It is order 77.",
+                                   "Order 77 ships today."]
+    assert list(chat1["speaker"]) == ["client", "responder", "client", "responder"]
+
+    # One document per line (the collector's file exporter) works the same.
+    jsonl = tmp_path / "traces.jsonl"
+    jsonl.write_text(json.dumps(doc) + "\n" + json.dumps({"resourceSpans": []}) + "\n")
+    assert import_conversations(jsonl, tmp_path / "run2")["counts"]["dialogues"] == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(doc) + "\n" + json.dumps({"resourceSpans": [{"scopeSpans": [
+        {"spans": [_span("x", 1, [u1], "ok") | {"startTimeUnixNano": "soon"}]}]}]}) + "\n")
+    with pytest.raises(UserError, match=r"bad.jsonl:2: startTimeUnixNano 'soon' is not a number"):
+        import_conversations(bad, tmp_path / "run3", fmt="otlp")
+
+
+def test_a_langfuse_export_of_generations_is_grouped_by_session(tmp_path: Path) -> None:
+    records = [
+        {"id": "o2", "type": "GENERATION", "traceId": "tr1", "sessionId": "s-1", "userId": "dan",
+         "startTime": "2026-01-01T10:00:05Z", "model": "claude-x",
+         "input": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                   {"role": "assistant", "content": "Hello."},
+                   {"role": "user", "content": "Cancel my plan."}],
+         "output": {"role": "assistant", "content": "Done, it is cancelled."}},
+        {"id": "o1", "type": "GENERATION", "traceId": "tr1", "sessionId": "s-1", "userId": "dan",
+         "startTime": "2026-01-01T10:00:00Z", "model": "claude-x",
+         "input": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+         "output": "Hello."},
+        {"id": "o3", "type": "SPAN", "traceId": "tr1", "sessionId": "s-1", "name": "retrieval"},
+    ]
+    src = tmp_path / "langfuse.json"
+    src.write_text(json.dumps(records))
+    assert detect_format(src) == "langfuse"
+    summary = import_conversations(src, tmp_path / "run")
+    assert summary["counts"]["dialogues"] == 1 and summary["left_out"]["not_a_generation"] == 1
+    t = pd.read_parquet(tmp_path / "run" / "turns.parquet").sort_values("turn_index")
+    assert list(t["text"]) == ["Hi", "Hello.", "Cancel my plan.", "Done, it is cancelled."]
+    d = pd.read_parquet(tmp_path / "run" / "dialogues.parquet")
+    assert d["dialogue_id"].tolist() == ["s-1"] and d["pairing"].tolist() == ["human×claude-x"]
+    proc = _cli("import", str(src), "--out", str(tmp_path / "run"), "--force")
+    assert proc.returncode == 0 and "1 not_a_generation" in proc.stdout

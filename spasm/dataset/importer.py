@@ -344,7 +344,7 @@ def _source_conversation_id(dialogue: Mapping[str, Any]) -> Any:
 # -- people's conversations: ShareGPT and OpenAI messages (a run with human seats) ------------
 
 #: The formats ``spasm import`` reads (``auto`` tells them apart by the first record).
-FORMATS = ("auto", "spasm", "sharegpt", "openai")
+FORMATS = ("auto", "spasm", "sharegpt", "openai", "otlp", "langfuse")
 
 #: A message's role or ShareGPT ``from`` -> the seat it is (``None``: not an utterance, left out
 #: and counted: system prompts, tool calls and results).
@@ -395,7 +395,21 @@ def _any_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             head = fh.read(4096)
     except OSError as exc:
         raise UserError(f"Cannot read {path}: {exc.strerror}.") from None
-    if not head.lstrip().startswith(b"["):
+    stripped = head.lstrip()
+    if stripped.startswith(b"{") and _one_document(path, stripped):
+        text = path.read_text(encoding="utf-8")
+        try:  # a pretty-printed object over many lines (an OTLP export): one record
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{exc.lineno} is not valid JSON ({exc.msg}).") from None
+        except (ValueError, RecursionError):
+            raise UserError(f"{path}:1 cannot be read: it holds a number with thousands of "
+                            "digits or nesting too deep.") from None
+        if not isinstance(value, dict):
+            raise UserError(f"{path}:1 is not a JSON object.")
+        yield text.count("\n", 0, len(text) - len(text.lstrip())) + 1, value
+        return
+    if not stripped.startswith(b"["):
         yield from _records(path)
         return
     try:
@@ -408,6 +422,23 @@ def _any_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield line_no, value
 
 
+def _one_document(path: Path, head: bytes) -> bool:
+    """Whether a file that opens with ``{`` is one JSON object over several lines rather than
+    JSONL: its first line is not a whole JSON value."""
+    first = head.split(b"\n", 1)[0]
+    if b"\n" not in head and len(head) >= 4096:
+        return False  # a long first line: JSONL (read line by line, with the line limit)
+    try:
+        json.loads(first)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError):
+        try:
+            text = path.read_text(encoding="utf-8")
+            return isinstance(json.loads(text), dict)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError):
+            return False  # JSONL with a bad first line: _records names it
+    return False
+
+
 def detect_format(path: str | Path) -> str:
     """``spasm``, ``sharegpt`` or ``openai``: what the file's first record looks like."""
     src = Path(path)
@@ -418,8 +449,13 @@ def detect_format(path: str | Path) -> str:
             return "sharegpt"
         if isinstance(rec.get("messages"), list):
             return "openai"
+        if isinstance(rec.get("resourceSpans"), list):
+            return "otlp"
+        if "sessionId" in rec or ("traceId" in rec and ("input" in rec or "output" in rec)):
+            return "langfuse"
         raise UserError(f"{src}:{line_no} is not a conversation spasm knows (a SPASM release "
-                        "record, ShareGPT 'conversations' or OpenAI 'messages'); pass --format.")
+                        "record, ShareGPT 'conversations', OpenAI 'messages', OTLP "
+                        "'resourceSpans' or a Langfuse trace); pass --format.")
     raise UserError(f"{src} holds no records.")
 
 
@@ -502,8 +538,10 @@ def import_conversations(
     ``{"conversations": [{"from": "human", "value": ...}, ...]}``) and ``openai`` (JSONL of
     ``{"messages": [{"role": "user", "content": ...}, ...]}``) are people's conversations with
     a model: the person's side is the client seat (``client_kind`` ``human``, ``interface``
-    ``import``, a pseudonymous ``operator``), the model's the responder (``llm``). ``auto``
-    reads the first record to tell them apart.
+    ``import``, a pseudonymous ``operator``), the model's the responder (``llm``); ``otlp``
+    (OpenTelemetry GenAI spans, OTLP JSON) and ``langfuse`` (a Langfuse export) are traces of
+    such conversations, one per session (:mod:`spasm.dataset.traces`). ``auto`` reads the
+    first record to tell them apart.
 
     Raises:
         UserError: the file is missing or malformed (with its line), an id repeats, a
@@ -519,11 +557,20 @@ def import_conversations(
     if fmt == "spasm":
         return import_spasm_jsonl(src, out, condition=condition, pairing=pairing or "unknown",
                                   overwrite=overwrite)
-    return _import_people(src, out, fmt, condition=condition, pairing=pairing, overwrite=overwrite)
+    records: Iterator[tuple[int, dict[str, Any]]] = _any_records(src)
+    skipped: Counter[str] = Counter()
+    if fmt in ("otlp", "langfuse"):  # traces: one conversation per session, as OpenAI messages
+        from spasm.dataset.traces import trace_conversations
+
+        _check_target(Path(out_dir), overwrite)  # before reading a large export
+        records = iter(trace_conversations(src, fmt, records, skipped))
+    return _import_people(src, out, fmt, records, skipped, condition=condition, pairing=pairing,
+                          overwrite=overwrite)
 
 
 def _import_people(
-    src: Path, out: Path, fmt: str, *, condition: str, pairing: str | None, overwrite: bool,
+    src: Path, out: Path, fmt: str, records: Iterator[tuple[int, dict[str, Any]]],
+    skipped: Counter[str], *, condition: str, pairing: str | None, overwrite: bool,
 ) -> dict[str, Any]:
     from spasm.dataset.rows import human_row_model
     from spasm.personas.schema import load_schema
@@ -538,13 +585,13 @@ def _import_people(
     source_sha = file_sha256(src)
     row_model = human_row_model(DialogueRow)
     key = "conversations" if fmt == "sharegpt" else "messages"
+    message_fmt = "sharegpt" if fmt == "sharegpt" else "openai"
     personas: dict[str, dict[str, Any]] = {}
     dialogues: list[DialogueRow] = []
     turns: list[TurnRow] = []
-    skipped: Counter[str] = Counter()
     per_persona: Counter[str] = Counter()
     seen: dict[str, int] = {}
-    for n, (line_no, rec) in enumerate(_any_records(src)):
+    for n, (line_no, rec) in enumerate(records):
         where = f"{src}:{line_no}"
         messages = rec.get(key, rec.get("items") if fmt == "sharegpt" else None)
         if not isinstance(messages, list):
@@ -558,7 +605,7 @@ def _import_people(
         seen[tail] = line_no
         who = next((str(rec[k]) for k in _USER_KEYS if rec.get(k) not in (None, "")), None)
         operator = _pseudonym(who if who is not None else f"{source_sha}:{tail}")
-        rows = _conversation_turns(tail, messages, fmt, where, skipped)
+        rows = _conversation_turns(tail, messages, message_fmt, where, skipped)
         if not any(t.speaker == "client" for t in rows):
             raise UserError(f"{where}: the conversation has no line of a person (human/user); "
                             "leave it out of the file.")

@@ -199,7 +199,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("file", metavar="FILE", help="the .jsonl (or ShareGPT .json) file")
     p.add_argument("--format", metavar="FORMAT", default="auto",
-                   help="auto (default: told by the first record), spasm, sharegpt or openai")
+                   help="auto (default: told by the first record), spasm, sharegpt, openai, "
+                   "otlp (OpenTelemetry GenAI spans, OTLP JSON) or langfuse (a Langfuse export)")
     p.add_argument("--out", metavar="DIR", required=True, help="run directory to create")
     p.add_argument(
         "--condition",
@@ -491,7 +492,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         overwrite=args.force,
     )
     counts = summary["counts"]
-    people = summary.get("format") in ("sharegpt", "openai")
+    people = summary.get("format") in ("sharegpt", "openai", "otlp", "langfuse")
     print(
         f"Imported {counts['dialogues']} dialogues, {counts['personas']} "
         f"{'people (pseudonymous operators)' if people else 'personas'} and "
