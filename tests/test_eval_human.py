@@ -180,3 +180,43 @@ def test_the_goal_judge_is_calibrated_against_the_persons_own_verdict(tmp_path: 
                            "--no-progress"], capture_output=True, text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "Goal judge vs person (n=6): kappa 0.40, bias +0.33" in proc.stdout
+
+
+def test_a_fork_compares_the_simulators_next_turn_with_the_persons_on_the_same_prefix(
+        tmp_path: Path) -> None:
+    prefix = ["I want to return a kettle.", "Sure, what is the order number?"]
+    sim_turn, person_turn = "The order number is 4411, thank you.", "ugh its 4411, I already told you"
+    persona = {"persona_id": "p0", "persona_index": 0, "card": "A person."}
+    original = {**_dialogue("d0", "llm"), "n_utterances": 4}
+    original.pop("client_kind"), original.pop("responder_kind")  # a run of models, before 1.10
+    texts = [*prefix, sim_turn, "Thanks, the return is booked."]
+    turns = [{"dialogue_id": "d0", "turn_index": i, "speaker": ("client", "responder")[i % 2],
+              "text": t} for i, t in enumerate(texts)]
+    write_finished_run(tmp_path / "sim", {"personas": [persona], "dialogues": [original],
+                                          "turns": turns}, {"schema_version": "1.10"},
+                       persona_fields=([], set()))
+    fork_texts = [*prefix, person_turn, "Sorry! The return is booked."]
+    forks = [_dialogue("d0", "human", operator="op-00000a", interface="web", forked_from="d0",
+                       forked_at=2),  # the same id as its original, in another run
+             _dialogue("d1", "human", operator="op-00000a", interface="web", forked_from="gone",
+                       forked_at=2)]
+    fork_turns = [{"dialogue_id": did, "turn_index": i, "speaker": ("client", "responder")[i % 2],
+                   "text": t} for did in ("d0", "d1") for i, t in enumerate(fork_texts)]
+    write_finished_run(tmp_path / "fork", {"personas": [persona], "dialogues": forks,
+                                           "turns": fork_turns}, {"schema_version": "1.10"},
+                       persona_fields=([], set()))
+    x, y = np.zeros(64), np.zeros(64)
+    x[0], y[0], y[1] = 1.0, 0.6, 0.8  # cosine 0.6
+    m = evaluate(tmp_path / "sim", embedder="lookup", reference=tmp_path / "fork", progress=False,
+                 embedder_options={"table": {sim_turn: x.tolist(), person_turn: y.tolist()}})
+    assert m.human is not None and m.human.forks is not None
+    f = m.human.forks
+    assert (f.n_forks, f.n_compared, f.skipped) == (2, 1, {"original_not_found": 1})
+    assert f.cosine == pytest.approx(0.6, abs=1e-6)
+    assert (f.words_simulated, f.words_human) == (7.0, 7.0)
+    assert (f.politeness_simulated, f.politeness_human) == (1.0, 0.0)
+    assert (f.frustration_simulated, f.frustration_human) == (0.0, 1.0)
+    assert f.examples[0].simulated == sim_turn and f.examples[0].human == person_turn
+    assert any("forked from" in n for n in m.human.notes)
+    report = (tmp_path / "sim" / "eval" / "report.html").read_text()
+    assert "on the same prefix" in report and "I already told you" in report

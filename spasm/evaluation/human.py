@@ -24,19 +24,33 @@ metrics are as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from spasm.evaluation.agreement import cohen_kappa
+from spasm.evaluation.diagnostics import frustration_fraction, politeness_fraction
+from spasm.evaluation.embeddings import FloatArray, l2_normalise
+from spasm.evaluation.lexical import word_tokens
 from spasm.evaluation.loader import Conversation, RunData, load_run
-from spasm.evaluation.metrics import HumanMetrics, HumanRealismStat, JudgeCalibration
+from spasm.evaluation.metrics import (
+    ForkComparison,
+    ForkExample,
+    HumanMetrics,
+    HumanRealismStat,
+    JudgeCalibration,
+)
 from spasm.evaluation.realism import REALISM_METRICS, realism_frame
-from spasm.evaluation.stats import finite
+from spasm.evaluation.stats import finite, mean_ci
 
-__all__ = ["SPLITS", "human_frame", "human_stage", "judge_calibration", "summary_lines"]
+#: Texts -> their embeddings (the pipeline's cached embedder).
+Embed = Callable[[list[str]], FloatArray]
+
+__all__ = ["SPLITS", "fork_comparison", "human_frame", "human_stage", "judge_calibration",
+           "summary_lines"]
 
 #: Random half-splits of the human set averaged for the human–human spread.
 SPLITS = 200
@@ -168,8 +182,78 @@ def judge_calibration(dialogues: pd.DataFrame) -> JudgeCalibration | None:
     )
 
 
+def _forks(dialogues: pd.DataFrame) -> dict[str, tuple[str, int]]:
+    """Each fork's original dialogue id and the first turn that is new (``forked_at``)."""
+    if "forked_from" not in dialogues.columns or "forked_at" not in dialogues.columns:
+        return {}
+    return {str(r["dialogue_id"]): (str(r["forked_from"]), int(r["forked_at"]))
+            for r in dialogues.to_dict("records")
+            if isinstance(r["forked_from"], str) and r["forked_from"] and pd.notna(r["forked_at"])}
+
+
+def _cut(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _share(texts: list[str], measure: Callable[[list[str]], float | None]) -> float | None:
+    values = [v for v in (measure([t]) for t in texts) if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def fork_comparison(runs: Sequence[RunData], embed: Embed) -> ForkComparison | None:
+    """Same-prefix comparison over ``runs`` (the run and its reference): each fork's turn
+    ``forked_at`` (the person's) against its original's turn at that index (the simulator's,
+    after the same prefix). ``None`` when no dialogue is a fork."""
+    forks: list[tuple[Conversation, str, int]] = []
+    originals: dict[str, Conversation] = {}
+    for data in runs:
+        marks = _forks(data.dialogues)
+        for c in data.conversations:
+            if c.dialogue_id in marks:
+                forks.append((c, *marks[c.dialogue_id]))
+            else:  # a fork's own id may repeat its original's (another run): not a candidate
+                originals.setdefault(c.dialogue_id, c)
+    if not forks:
+        return None
+    skipped: Counter[str] = Counter()
+    pairs: list[tuple[Conversation, str, int, str, str]] = []
+    for fork, original_id, t in forks:
+        original = originals.get(original_id)
+        if original is None:
+            skipped["original_not_found"] += 1  # pass the run it was forked from as --reference
+        elif t >= len(fork.texts) or t >= len(original.texts):
+            skipped["no_turn_t"] += 1
+        elif fork.sides[t] != original.sides[t]:
+            skipped["other_seat"] += 1
+        elif fork.texts[:t] != original.texts[:t]:
+            skipped["prefix_differs"] += 1
+        else:
+            pairs.append((fork, original_id, t, original.texts[t], fork.texts[t]))
+    simulated, human = [p[3] for p in pairs], [p[4] for p in pairs]
+    cosines: list[float] = []
+    if pairs:
+        a, b = l2_normalise(embed(simulated)), l2_normalise(embed(human))
+        cosines = [float(x) for x in np.sum(a * b, axis=1)]
+    mean, low, high, _ = mean_ci(cosines)
+    words_sim = [float(len(word_tokens(t))) for t in simulated]
+    words_human = [float(len(word_tokens(t))) for t in human]
+    return ForkComparison(
+        n_forks=len(forks), n_compared=len(pairs), skipped=dict(sorted(skipped.items())),
+        cosine=finite(mean), cosine_ci_low=finite(low), cosine_ci_high=finite(high),
+        words_simulated=finite(np.mean(words_sim)) if words_sim else None,
+        words_human=finite(np.mean(words_human)) if words_human else None,
+        politeness_simulated=_share(simulated, politeness_fraction),
+        politeness_human=_share(human, politeness_fraction),
+        frustration_simulated=_share(simulated, frustration_fraction),
+        frustration_human=_share(human, frustration_fraction),
+        examples=[ForkExample(dialogue_id=f.dialogue_id, forked_from=o, forked_at=t,
+                              simulated=_cut(s_text), human=_cut(h_text), cosine=finite(cos))
+                  for (f, o, t, s_text, h_text), cos in zip(pairs[:5], cosines, strict=False)],
+    )
+
+
 def human_stage(
-    data: RunData, frame: pd.DataFrame, reference: str | Path | None,
+    data: RunData, frame: pd.DataFrame, reference: str | Path | None, embed: Embed | None = None,
 ) -> HumanMetrics | None:
     """Simulator vs people and judge calibration for a run (its realism ``frame``, from
     :func:`~spasm.evaluation.realism.realism_frame`) and its ``reference``; ``None`` when
@@ -178,6 +262,7 @@ def human_stage(
     ref_frame: pd.DataFrame | None = None
     ref_kinds: dict[str, dict[str, str]] = {}
     ref_dialogues: pd.DataFrame | None = None
+    ref_data: RunData | None = None
     if reference is not None:
         ref_data = load_run(reference)
         ref_frame, ref_kinds = human_frame(ref_data)
@@ -202,10 +287,17 @@ def human_stage(
     if calibration is not None and calibration.n == 0:
         notes.append("No dialogue has both the goal judge's goal_met and the person's "
                      "person_goal_met (a run without scenarios has no judge): no κ or bias.")
+    forks = None
+    if embed is not None:
+        forks = fork_comparison([data, *([ref_data] if ref_data is not None else [])], embed)
+        if forks is not None and forks.skipped.get("original_not_found"):
+            notes.append(f"{forks.skipped['original_not_found']} fork(s) whose original is "
+                         "neither in the run nor in the reference: evaluate the run it was "
+                         "forked from with --reference the fork's run (or the other way round).")
     return HumanMetrics(
         reference=str(reference) if reference is not None else None,
         n_human_run=n_run, n_human_reference=n_ref, splits=SPLITS, stats=stats,
-        calibration=calibration, notes=notes,
+        calibration=calibration, forks=forks, notes=notes,
     )
 
 
@@ -226,4 +318,12 @@ def summary_lines(h: HumanMetrics) -> list[str]:
         bias = "—" if c.bias is None else f"{c.bias:+.2f}"
         rho = "" if c.spearman is None else f"; Spearman {c.spearman:.2f} (n={c.n_rated})"
         lines.append(f"Goal judge vs person (n={c.n}): kappa {kappa}, bias {bias}{rho}")
+    f = h.forks
+    if f is not None:
+        cos = "—" if f.cosine is None else f"{f.cosine:.2f}"
+        words = ("" if f.words_simulated is None or f.words_human is None
+                 else f", words {f.words_simulated:.1f} (simulator) vs {f.words_human:.1f} (person)")
+        skipped = "".join(f", {n} {k}" for k, n in f.skipped.items())
+        lines.append(f"Forks, same prefix ({f.n_compared} of {f.n_forks} compared{skipped}): "
+                     f"cosine simulator vs person {cos}{words}")
     return lines

@@ -24,6 +24,8 @@ __all__ = [
     "EchoOnsetCurve",
     "EchoRate",
     "EchoingMetrics",
+    "ForkComparison",
+    "ForkExample",
     "GroupExample",
     "GroupMetrics",
     "GroupParticipantStat",
@@ -687,6 +689,38 @@ class JudgeCalibration(_Model):
     spearman_p: float | None
 
 
+class ForkExample(_Model):
+    """One fork's turn t: what the simulator said on the prefix, and what the person said."""
+
+    dialogue_id: str = Field(description="the fork (the person's dialogue)")
+    forked_from: str
+    forked_at: int
+    simulated: str = Field(description="the original's turn t (cut to 300 characters)")
+    human: str = Field(description="the fork's turn t (cut to 300 characters)")
+    cosine: float | None
+
+
+class ForkComparison(_Model):
+    """Same-prefix comparison: each fork's first new turn (the person's) against the
+    original's turn at the same index (the simulator's, on the same prefix)."""
+
+    n_forks: int = Field(description="dialogues with forked_from in the run and the reference")
+    n_compared: int
+    skipped: dict[str, int] = Field(
+        default_factory=dict, description="forks not compared, by reason (original_not_found, "
+        "no_turn_t, other_seat, prefix_differs)")
+    cosine: float | None = Field(description="mean cosine of the two turns' embeddings")
+    cosine_ci_low: float | None
+    cosine_ci_high: float | None
+    words_simulated: float | None = Field(description="mean words of the simulator's turn")
+    words_human: float | None = Field(description="mean words of the person's turn")
+    politeness_simulated: float | None = Field(description="share with a politeness marker")
+    politeness_human: float | None
+    frustration_simulated: float | None = Field(description="share with a frustration marker")
+    frustration_human: float | None
+    examples: list[ForkExample] = Field(default_factory=list, description="up to 5")
+
+
 class HumanMetrics(_Model):
     """Human-calibrated numbers (docs/evaluation.md, "Against people")."""
 
@@ -696,6 +730,7 @@ class HumanMetrics(_Model):
     splits: int = Field(description="random half-splits averaged for human_spread")
     stats: list[HumanRealismStat]
     calibration: JudgeCalibration | None = None
+    forks: ForkComparison | None = Field(None, description="same-prefix comparison of forks")
     notes: list[str] = Field(default_factory=list)
 
 

@@ -400,7 +400,7 @@ def _evaluate(
     realism, realism_cols = _realism(convs, reference)
     timings["realism"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    human = human_stage(data, realism_cols, reference)  # people in seats: simulator vs people
+    human = human_stage(data, realism_cols, reference, embed)  # people in seats: vs the simulator
     if human is not None:
         timings["human"] = time.perf_counter() - t0
 
