@@ -180,6 +180,10 @@ def test_the_goal_judge_is_calibrated_against_the_persons_own_verdict(tmp_path: 
                            "--no-progress"], capture_output=True, text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "Goal judge vs person (n=6): kappa 0.40, bias +0.33" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "spasm", "compare", str(run)], capture_output=True,
+                          text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "Goal judge vs person (n=6): kappa 0.40, bias +0.33" in proc.stdout
 
 
 def test_a_fork_compares_the_simulators_next_turn_with_the_persons_on_the_same_prefix(

@@ -479,6 +479,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = comparison_for(eval_dir, metrics, baseline=args.baseline)
     write_comparison(comparison, eval_dir / COMPARE_FILE)
     sys.stdout.write(comparison_text(metrics, comparison))
+    if metrics.human is not None:  # people in seats: simulator vs people, the judge vs the person
+        from spasm.evaluation.human import summary_lines
+
+        print("\n".join(summary_lines(metrics.human)))
     print(f"Wrote {eval_dir / COMPARE_FILE}")
     return 0
 
