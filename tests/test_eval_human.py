@@ -136,10 +136,10 @@ def test_people_within_the_run_itself_are_the_reference(tmp_path: Path) -> None:
 
 
 def _played(tmp_path: Path, judged: list[bool | None], person: list[bool | None],
-            ratings: list[int | None]) -> Path:
+            ratings: list[int | None], out: Path | None = None) -> Path:
     """A run as play sessions leave it: scenarios (the goal judge's goal_met) and people's
     verdicts (person_goal_met, person_rating), written through the store."""
-    out = tmp_path / "played"
+    out = out or tmp_path / "played"
     store = RunStore(out)
     store.create()
     store.set_persona_fields([], set())
@@ -224,3 +224,24 @@ def test_a_fork_compares_the_simulators_next_turn_with_the_persons_on_the_same_p
     assert any("forked from" in n for n in m.human.notes)
     report = (tmp_path / "sim" / "eval" / "report.html").read_text()
     assert "on the same prefix" in report and "I already told you" in report
+
+
+def test_a_folder_of_play_sessions_is_one_pooled_reference(tmp_path: Path) -> None:
+    """Each play session is its own run (RUN.play/<session>/run, or several --out folders):
+    a folder of them is a reference, their verdicts pooled for the calibration."""
+    sessions = tmp_path / "RUN.play"
+    _played(tmp_path, [True, True, True], [True, True, False], [5, 4, 3],
+            out=sessions / "s-aaaa" / "run")
+    _played(tmp_path, [True, False, False], [False, False, False], [3, 1, 2],
+            out=sessions / "s-bbbb" / "run")
+    sim = tmp_path / "sim"
+    import_spasm_jsonl(SAMPLE, sim)
+    m = evaluate(sim, embedder="lookup", reference=sessions, write=False, progress=False)
+    assert m.realism is not None and m.realism.reference is not None
+    assert m.realism.reference.dialogues == 6 and m.realism.reference.run_dir == str(sessions)
+    assert m.human is not None and m.human.n_human_reference == 6
+    c = m.human.calibration
+    assert c is not None and c.n == 6 and c.kappa == pytest.approx(0.4)
+    assert c.bias == pytest.approx(2 / 6)
+    assert any("2 runs" in n for n in m.human.notes)
+    assert any("6 of the 6 from the reference" in n for n in m.human.notes)

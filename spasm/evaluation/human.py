@@ -35,7 +35,7 @@ from spasm.evaluation.agreement import cohen_kappa
 from spasm.evaluation.diagnostics import frustration_fraction, politeness_fraction
 from spasm.evaluation.embeddings import FloatArray, l2_normalise
 from spasm.evaluation.lexical import word_tokens
-from spasm.evaluation.loader import Conversation, RunData, load_run
+from spasm.evaluation.loader import Conversation, RunData, load_reference
 from spasm.evaluation.metrics import (
     ForkComparison,
     ForkExample,
@@ -112,8 +112,9 @@ def _mean(values: np.ndarray) -> float | None:
 
 
 def _realism_stats(
-    run: pd.DataFrame, run_kinds: dict[str, dict[str, str]], ref: pd.DataFrame | None,
-    ref_kinds: dict[str, dict[str, str]], conversations: Sequence[Conversation],
+    run: pd.DataFrame, run_kinds: dict[str, dict[str, str]],
+    refs: Sequence[tuple[pd.DataFrame, dict[str, dict[str, str]]]],
+    conversations: Sequence[Conversation],
 ) -> list[HumanRealismStat]:
     by_condition: dict[str, set[str]] = {}
     for c in conversations:
@@ -121,9 +122,8 @@ def _realism_stats(
     scopes: list[tuple[str, set[str] | None]] = [("all", None), *sorted(by_condition.items())]
     stats = []
     for metric in REALISM_METRICS:
-        human = _values(run, run_kinds, metric, "human")
-        if ref is not None:
-            human = np.concatenate([human, _values(ref, ref_kinds, metric, "human")])
+        human = np.concatenate([_values(run, run_kinds, metric, "human"),
+                                *(_values(f, k, metric, "human") for f, k in refs)])
         if not human.size:
             continue  # no person ever sat on this metric's side
         spread = _spread(human, np.random.default_rng(_SEED))  # one stream per metric: stable
@@ -205,20 +205,23 @@ def fork_comparison(runs: Sequence[RunData], embed: Embed) -> ForkComparison | N
     ``forked_at`` (the person's) against its original's turn at that index (the simulator's,
     after the same prefix). ``None`` when no dialogue is a fork."""
     forks: list[tuple[Conversation, str, int]] = []
-    originals: dict[str, Conversation] = {}
+    originals: dict[str, list[Conversation]] = {}
     for data in runs:
         marks = _forks(data.dialogues)
         for c in data.conversations:
             if c.dialogue_id in marks:
                 forks.append((c, *marks[c.dialogue_id]))
             else:  # a fork's own id may repeat its original's (another run): not a candidate
-                originals.setdefault(c.dialogue_id, c)
+                originals.setdefault(c.dialogue_id, []).append(c)
     if not forks:
         return None
     skipped: Counter[str] = Counter()
     pairs: list[tuple[Conversation, str, int, str, str]] = []
     for fork, original_id, t in forks:
-        original = originals.get(original_id)
+        candidates = originals.get(original_id, [])  # several runs may hold one id: the one
+        original = next((c for c in candidates  # whose prefix is the fork's, else the first
+                         if c.texts[:t] == fork.texts[:t] and len(c.texts) > t), None) \
+            or (candidates[0] if candidates else None)
         if original is None:
             skipped["original_not_found"] += 1  # pass the run it was forked from as --reference
         elif t >= len(fork.texts) or t >= len(original.texts):
@@ -255,41 +258,43 @@ def fork_comparison(runs: Sequence[RunData], embed: Embed) -> ForkComparison | N
 def human_stage(
     data: RunData, frame: pd.DataFrame, reference: str | Path | None, embed: Embed | None = None,
 ) -> HumanMetrics | None:
-    """Simulator vs people and judge calibration for a run (its realism ``frame``, from
-    :func:`~spasm.evaluation.realism.realism_frame`) and its ``reference``; ``None`` when
-    neither has a dialogue with a person in a seat."""
+    """Simulator vs people, judge calibration and forks for a run (its realism ``frame``, from
+    :func:`~spasm.evaluation.realism.realism_frame`) and its ``reference`` (a run, or a folder
+    of runs such as ``RUN.play/``: :func:`~spasm.evaluation.loader.load_reference`); ``None``
+    when neither has a dialogue with a person in a seat."""
     run_kinds = _kinds(data.dialogues)
-    ref_frame: pd.DataFrame | None = None
-    ref_kinds: dict[str, dict[str, str]] = {}
-    ref_dialogues: pd.DataFrame | None = None
-    ref_data: RunData | None = None
-    if reference is not None:
-        ref_data = load_run(reference)
-        ref_frame, ref_kinds = human_frame(ref_data)
-        ref_dialogues = ref_data.dialogues
-    n_run, n_ref = _has_person(run_kinds), _has_person(ref_kinds)
+    refs = load_reference(reference) if reference is not None else []
+    ref_frames = [human_frame(r) for r in refs]
+    n_run = _has_person(run_kinds)
+    n_ref = sum(_has_person(kinds) for _, kinds in ref_frames)
     if not n_run and not n_ref:
         return None
     notes: list[str] = []
-    stats = _realism_stats(frame, run_kinds, ref_frame, ref_kinds, data.conversations)
+    if len(refs) > 1:
+        notes.append(f"The reference is {len(refs)} runs under {reference}, pooled.")
+    stats = _realism_stats(frame, run_kinds, ref_frames, data.conversations)
     n_human = max((s.n_human for s in stats), default=0)
     if stats and n_human < _MIN_SPLIT:
         notes.append(f"Only {n_human} human dialogue(s): the human–human spread needs at least "
                      f"{_MIN_SPLIT} (two halves of two), so there is no ceiling.")
     if not any(s.n_simulated for s in stats):
         notes.append("No simulated dialogue on the sides people sat on: human values only.")
-    calibration = judge_calibration(data.dialogues)
-    if calibration is None and ref_dialogues is not None:
-        calibration = judge_calibration(ref_dialogues)
-        if calibration is not None:
-            notes.append("Judge calibration from the reference's dialogues (the run has no "
-                         "person's verdict): its goal judge, not this run's.")
+    # Each play session is its own run: the verdicts of the run and its reference are pooled,
+    # each dialogue with the goal judge's decision its own run recorded.
+    calibration = judge_calibration(pd.concat([data.dialogues, *(r.dialogues for r in refs)],
+                                              ignore_index=True))
+    if calibration is not None and refs:
+        in_ref = judge_calibration(pd.concat([r.dialogues for r in refs], ignore_index=True))
+        if in_ref is not None and in_ref.n:
+            notes.append(f"Judge calibration pools the run's and the reference's verdicts "
+                         f"({in_ref.n} of the {calibration.n} from the reference, each judged "
+                         "in its own run).")
     if calibration is not None and calibration.n == 0:
         notes.append("No dialogue has both the goal judge's goal_met and the person's "
                      "person_goal_met (a run without scenarios has no judge): no κ or bias.")
     forks = None
     if embed is not None:
-        forks = fork_comparison([data, *([ref_data] if ref_data is not None else [])], embed)
+        forks = fork_comparison([data, *refs], embed)
         if forks is not None and forks.skipped.get("original_not_found"):
             notes.append(f"{forks.skipped['original_not_found']} fork(s) whose original is "
                          "neither in the run nor in the reference: evaluate the run it was "

@@ -22,7 +22,14 @@ import pandas as pd
 from spasm.dataset.reader import Run, open_run
 from spasm.errors import UserError
 
-__all__ = ["Conversation", "RunData", "clean_cell", "load_run", "seat_role"]
+__all__ = [
+    "Conversation",
+    "RunData",
+    "clean_cell",
+    "load_reference",
+    "load_run",
+    "seat_role",
+]
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "dialogues": ("dialogue_id", "persona_id"),
@@ -171,6 +178,25 @@ def _read_table(run: Run, name: str) -> pd.DataFrame:
             f"at least {', '.join(_REQUIRED[name])}."
         )
     return run.df(name)
+
+
+def load_reference(path: str | Path) -> list[RunData]:
+    """A reference's runs: ``path`` itself when it is a run, else the runs in its folders one
+    or two levels down (``runs/`` of several ``spasm play --out`` sessions, or a viewer's
+    ``RUN.play/<session>/run``), in name order.
+
+    Raises:
+        UserError: ``path`` is neither a run nor holds one (the run's own error), or one of
+            the runs in it cannot be read (named).
+    """
+    root = Path(path)
+    if (root / "dialogues.parquet").exists() or not root.is_dir():
+        return [load_run(root)]
+    found = sorted({p for p in [*root.glob("*"), *root.glob("*/run")]
+                    if p.is_dir() and (p / "dialogues.parquet").exists()})
+    if not found:
+        return [load_run(root)]  # says what a run needs
+    return [load_run(p) for p in found]
 
 
 def load_run(run_dir: str | Path) -> RunData:

@@ -220,10 +220,16 @@ def realism_metrics(
 
 
 def reference_from(run_dir: str | Path) -> RealismReference:
-    """The reference statistics of another run or imported dataset."""
-    from spasm.evaluation.loader import load_run
+    """The reference statistics of another run or imported dataset (or of the runs in a
+    folder, pooled: :func:`~spasm.evaluation.loader.load_reference`)."""
+    from spasm.evaluation.loader import load_reference
 
-    data = load_run(run_dir)
-    frame = realism_frame(data.conversations)
-    return RealismReference(run_dir=str(data.run_dir), dialogues=len(frame), stats=reference_stats(frame))
+    runs = load_reference(run_dir)
+    if len(runs) == 1:
+        data = runs[0]
+        frame = realism_frame(data.conversations)
+        return RealismReference(run_dir=str(data.run_dir), dialogues=len(frame),
+                                stats=reference_stats(frame))
+    frame = pd.concat([realism_frame(d.conversations) for d in runs])
+    return RealismReference(run_dir=str(run_dir), dialogues=len(frame), stats=reference_stats(frame))
 
