@@ -318,9 +318,10 @@ class AdaptiveRate:
     from is the pacing rate, or without pacing the rate of starts over the last second. Never
     below ``floor``, never above ``ceiling`` (the configured ``rpm``).
 
-    **Increase.** After a decrease to ``r0`` the rate grows back to ``r0 / BETA`` (additively)
-    over :attr:`CLIMB_S` seconds, then doubles its step every :attr:`CLIMB_S`; once it is
-    :attr:`UNPACE` × ``r0`` the limit has gone and pacing ends.
+    **Increase.** After a decrease to ``r0`` the rate grows back additively, by ``r0 (1 - BETA)
+    / BETA`` every :attr:`CLIMB_S` seconds, for :attr:`LINEAR` such periods, and then in steps
+    that double every :attr:`CLIMB_S`; once it is :attr:`UNPACE` × ``r0`` (about 36 s without a
+    429) the limit has gone and pacing ends.
 
     **Test.** Let ``s`` be the share of 429s over the last :attr:`WATCH` answers before the
     decrease and ``a`` the share among the answers to requests sent after it. The 429s are
@@ -340,6 +341,8 @@ class AdaptiveRate:
     BETA = 0.9
     MIN_FACTOR = 0.25
     CLIMB_S = 5.0
+    #: Periods of CLIMB_S the increase stays additive before its steps start doubling.
+    LINEAR = 3.0
     UNPACE = 4.0
     RECENT = 32
     SAMPLE = 24
@@ -378,8 +381,9 @@ class AdaptiveRate:
         """Starts per second allowed now (``None``: not paced)."""
         if self.rate is None:
             return None
-        grown = self._base * (1 + (1 - self.BETA) / self.BETA
-                              * (2 ** ((now - self.decreased_at) / self.CLIMB_S) - 1))
+        x = (now - self.decreased_at) / self.CLIMB_S
+        steps = x if x <= self.LINEAR else self.LINEAR + (2 ** (x - self.LINEAR) - 1) / math.log(2)
+        grown = self._base * (1 + (1 - self.BETA) / self.BETA * steps)
         if self.test is None and grown >= self.UNPACE * self._base:
             self.rate = None  # well above what was refused: the limit has gone
             self._chain = None
