@@ -31,11 +31,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from spasm.errors import UserError
 from spasm.evaluation.agreement import cohen_kappa
 from spasm.evaluation.diagnostics import frustration_fraction, politeness_fraction
 from spasm.evaluation.embeddings import FloatArray, l2_normalise
 from spasm.evaluation.lexical import word_tokens
-from spasm.evaluation.loader import Conversation, RunData, load_reference
+from spasm.evaluation.loader import Conversation, RunData, load_reference, reference_paths
 from spasm.evaluation.metrics import (
     ForkComparison,
     ForkExample,
@@ -255,6 +256,21 @@ def fork_comparison(runs: Sequence[RunData], embed: Embed) -> ForkComparison | N
     )
 
 
+def _stores_people(reference: str | Path) -> bool:
+    """Whether a run of the reference stores the seat kinds (format 1.10, a run with a person
+    in a seat), read from the tables' schema without loading them."""
+    from spasm.dataset.reader import open_run
+
+    for path in reference_paths(reference):
+        try:
+            run = open_run(path, verify=False)
+            if run.has("dialogues") and "client_kind" in run.stored_columns("dialogues"):
+                return True
+        except UserError:
+            return True  # unreadable: load_reference says why
+    return False
+
+
 def human_stage(
     data: RunData, frame: pd.DataFrame, reference: str | Path | None, embed: Embed | None = None,
 ) -> HumanMetrics | None:
@@ -263,6 +279,8 @@ def human_stage(
     of runs such as ``RUN.play/``: :func:`~spasm.evaluation.loader.load_reference`); ``None``
     when neither has a dialogue with a person in a seat."""
     run_kinds = _kinds(data.dialogues)
+    if not _has_person(run_kinds) and (reference is None or not _stores_people(reference)):
+        return None  # no person anywhere: the reference is not read a second time
     refs = load_reference(reference) if reference is not None else []
     ref_frames = [human_frame(r) for r in refs]
     n_run = _has_person(run_kinds)

@@ -28,6 +28,7 @@ __all__ = [
     "clean_cell",
     "load_reference",
     "load_run",
+    "reference_paths",
     "seat_role",
 ]
 
@@ -189,14 +190,18 @@ def load_reference(path: str | Path) -> list[RunData]:
         UserError: ``path`` is neither a run nor holds one (the run's own error), or one of
             the runs in it cannot be read (named).
     """
+    return [load_run(p) for p in reference_paths(path)]
+
+
+def reference_paths(path: str | Path) -> list[Path]:
+    """The run directories :func:`load_reference` reads (``path`` itself when it is a run or
+    holds none, so that loading it says what a run needs)."""
     root = Path(path)
     if (root / "dialogues.parquet").exists() or not root.is_dir():
-        return [load_run(root)]
+        return [root]
     found = sorted({p for p in [*root.glob("*"), *root.glob("*/run")]
                     if p.is_dir() and (p / "dialogues.parquet").exists()})
-    if not found:
-        return [load_run(root)]  # says what a run needs
-    return [load_run(p) for p in found]
+    return found or [root]
 
 
 def load_run(run_dir: str | Path) -> RunData:
