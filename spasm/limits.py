@@ -28,6 +28,7 @@ before each request and :meth:`BackendLimits.answered` / :meth:`BackendLimits.re
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import re
 import time
@@ -315,7 +316,7 @@ class AdaptiveRate:
     episode, none while one is tested) the rate is multiplied by ``max(MIN_FACTOR, BETA *
     (1 - share))``, ``share`` being the share of 429s among the last :attr:`RECENT` answers:
     a rate ten times too high is cut fast, one a little over by a tenth. The rate decreased
-    from is the pacing rate, or without pacing the rate of starts over the last second. Never
+    from is the pacing rate, or without pacing the rate of the last starts (their median gap). Never
     below ``floor``, never above ``ceiling`` (the configured ``rpm``).
 
     **Increase.** After a decrease to ``r0`` the rate grows back additively, by ``r0 (1 - BETA)
@@ -401,12 +402,18 @@ class AdaptiveRate:
         self._starts.append(now)
 
     def _start_rate(self, now: float) -> float:
-        """Starts per second over the last second (or since the first start, if later)."""
-        while self._starts and self._starts[0] < now - 1.0:
-            self._starts.popleft()
+        """Starts per second: one over the median gap between the last :attr:`RECENT` starts
+        (a process that stalled for seconds, or a pause between dialogues, does not make it
+        look slow), or with fewer starts their count over the time since the first."""
+        starts = list(self._starts)[-(self.RECENT + 1):]
+        if len(starts) > self.MIN_SAMPLE:
+            gaps = sorted(b - a for a, b in itertools.pairwise(starts))
+            median = gaps[len(gaps) // 2]
+            if median > 0:
+                return max(self.floor, 1.0 / median)
         first = self._first_start if self._first_start is not None else now
         window = min(1.0, max(now - first, 0.01))
-        return max(self.floor, len(self._starts) / window)
+        return max(self.floor, len(starts) / window)
 
     def _share(self, n: int) -> float:
         recent = list(self._answers)[-n:]
