@@ -159,6 +159,15 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
         help="with --consistency, also judge prompt-to-line on the Client's own content (copied "
         "spans removed): one more call per dialogue whose Client copied",
     )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        nargs="?",
+        const="",
+        default=None,
+        help="embed on a Ray cluster: one worker per CPU, each with its own model session (at "
+        "ADDRESS, else RAY_ADDRESS, else a local Ray; pip install 'spasm[ray]'; docs/cluster.md)",
+    )
     p.add_argument("--concurrency", metavar="N", type=int, default=8, help="LLM calls in flight")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -319,19 +328,37 @@ def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             options["model"] = args.embedding_model
     elif args.embedder == "sentence-transformers" and args.embedding_model:
         options = {"model": args.embedding_model}
+    if device != "cpu" and getattr(args, "ray", None) is not None:
+        raise UserError("--device cuda is not available with --ray yet: the workers embed on CPUs.")
     if device != "cpu":  # the CPU is every embedder's default: its options stay as they were
         options["device"] = device
     return args.embedder, options
 
 
 def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
-    from spasm.evaluation.pipeline import evaluate
-
     _, options = _check_args(args)
     llm_backend, llm_config = _llm_choice(args)
+    ray_address = getattr(args, "ray", None)
+    if ray_address is None:
+        return _run_evaluate(args, out, args.embedder, options, llm_backend, llm_config)
+    from spasm.evaluation.distributed import RayEmbedder
+    from spasm.raycluster import ray_session
+
+    with ray_session(ray_address or None) as ray:
+        embedder = RayEmbedder(ray, args.embedder, options)
+        print(f"Embedding on Ray: {embedder.workers} workers.", file=sys.stderr)
+        return _run_evaluate(args, out, embedder, {}, llm_backend, llm_config)
+
+
+def _run_evaluate(
+    args: argparse.Namespace, out: str | None, embedder: Any, options: dict[str, Any],
+    llm_backend: str | None, llm_config: BackendConfig | None,
+) -> Any:
+    from spasm.evaluation.pipeline import evaluate
+
     return evaluate(
         args.run_dir,
-        embedder=args.embedder,
+        embedder=embedder,
         embedder_options=options,
         mode=args.mode,
         judge=args.judge,
@@ -361,12 +388,33 @@ def _dry_run(args: argparse.Namespace) -> int:
 
     embedder, options = _check_args(args)
     _llm_choice(args)  # the same flag checks as a real run
+    cpus: float | None = None
+    if args.ray is not None:  # the cluster's CPUs; each worker's rate is measured here, 1 thread
+        from spasm.raycluster import ray_session
+
+        with ray_session(args.ray or None) as ray:
+            cpus = float(ray.cluster_resources().get("CPU", 1))
+        if embedder in ("local", "static"):
+            options = {**options, "threads": 1}
     plan = eval_plan(
         args.run_dir, embedder=embedder, embedder_options=options, mode=args.mode,
         retrieval=args.retrieval, own_rule=OwnRule(ngram=args.own_ngram, min_words=args.own_min_words),
     )
     sys.stdout.write(plan_text(plan))
+    if cpus is not None:
+        workers = max(1, int(cpus))
+        rate = plan.rate
+        seconds = plan.expected_seconds if rate is None else plan.to_embed / (rate * workers)
+        print(f"On the Ray cluster: {cpus:g} CPUs, {workers} workers of one thread; at the rate "
+              f"above each (one thread, measured here: the workers' CPUs taken as fast as this "
+              f"machine's): {_duration(seconds or 0.0)}.")
     return 0
+
+
+def _duration(seconds: float) -> str:
+    from spasm.evaluation.plan import duration
+
+    return duration(seconds)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -352,7 +352,9 @@ def _evaluate(
     inner = (
         create_embedder(embedder, **dict(embedder_options or {})) if isinstance(embedder, str) else embedder
     )
-    cached = CachedEmbedder(inner, data.run_dir / EVAL_DIRNAME / CACHE_DIRNAME, chunk_size=1024)
+    # An embedder on many workers (spasm eval --ray) takes more texts per call.
+    cached = CachedEmbedder(inner, data.run_dir / EVAL_DIRNAME / CACHE_DIRNAME,
+                            chunk_size=int(getattr(inner, "chunk_size", 1024)))
 
     def embed(texts: list[str], desc: str = "embedding") -> FloatArray:
         # Counted in sentences: the bar shows sentences/s and the time left.

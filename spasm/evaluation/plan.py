@@ -21,7 +21,7 @@ from spasm.evaluation.embeddings import CachedEmbedder, Embedder, create_embedde
 from spasm.evaluation.loader import load_run
 from spasm.evaluation.owncontent import OwnRule, own_content, own_texts
 
-__all__ = ["EvalPlan", "eval_plan", "plan_text"]
+__all__ = ["EvalPlan", "duration", "eval_plan", "plan_text"]
 
 #: Texts timed at most, after a warm-up of :data:`WARMUP` texts (model loading, first batch).
 SAMPLE = 256
@@ -151,7 +151,8 @@ def eval_plan(
     return plan
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as a short human duration (s, min or h)."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -172,7 +173,7 @@ def plan_text(plan: EvalPlan) -> str:
         lines.append(
             f"Rate on this machine: {rate:,.1f} texts/s, measured now on {plan.sampled} of those "
             f"texts (after a warm-up of {WARMUP}).")
-        lines.append(f"Expected embedding time: {_duration(seconds)} "
+        lines.append(f"Expected embedding time: {duration(seconds)} "
                      "(LLM stages, when asked for, are not counted).")
     elif plan.to_embed == 0:
         lines.append("Expected embedding time: 0 s (every text is cached).")

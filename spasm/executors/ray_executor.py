@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,55 +38,10 @@ from spasm.dataset.outputs import check_output
 from spasm.errors import RunError, SpasmError, UserError
 from spasm.executors.shards import parallel_shards, share_limits
 from spasm.finish import write_reports
+from spasm.raycluster import CONNECT_TIMEOUT_S, INSTALL_HINT, check_address, import_ray
 from spasm.runplan import Shard
 
-__all__ = ["RayRun", "import_ray", "run_with_ray"]
-
-INSTALL_HINT = ("--executor ray needs Ray, an optional extra: pip install 'spasm[ray]' "
-                "(or pip install 'ray[default]>=2.9'), then run the same command again.")
-
-
-def import_ray() -> Any:
-    """The ``ray`` module, or a :class:`UserError` saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise UserError(INSTALL_HINT) from None
-    return ray
-
-
-#: Seconds to wait for a TCP answer from the cluster's address before refusing it.
-CONNECT_TIMEOUT_S = 5.0
-
-
-def check_address(address: str | None) -> None:
-    """Refuse at once (:class:`UserError`, exit 2) a cluster address where nothing listens.
-
-    Ray itself retries an unreachable address for minutes before it gives up, so the
-    ``host:port`` of ``--ray-address`` (else ``RAY_ADDRESS``) gets one TCP connection first.
-    ``auto``, ``local`` and no address at all are left to Ray (they start or find a local one).
-    """
-    flag = "--ray-address" if address else "RAY_ADDRESS"
-    addr = (address or os.environ.get("RAY_ADDRESS") or "").strip()
-    if not addr or addr in ("auto", "local"):
-        return
-    target = addr.split("://", 1)[1] if "://" in addr else addr
-    host, sep, port = target.rstrip("/").rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"{flag} {addr!r} is not a cluster address: give HOST:PORT of the head "
-                        "node (e.g. 10.0.0.5:6379, or ray://10.0.0.5:10001), or auto.")
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        raise UserError(
-            f"{flag} {addr}: no Ray cluster answers at {host}:{port} ({reason}). Start one "
-            "there (ray start --head) or fix the address; without --ray-address a local Ray is "
-            "started."
-        ) from None
-
+__all__ = ["CONNECT_TIMEOUT_S", "INSTALL_HINT", "RayRun", "check_address", "import_ray", "run_with_ray"]
 
 @dataclass
 class RayRun:
