@@ -56,7 +56,7 @@ def ray_cluster() -> Iterator[Any]:
     ray.shutdown()
 
 
-_VECTOR_COLUMNS = ("drift_", "echo", "pca_", "persona_")
+_VECTOR_COLUMNS = ("drift_", "echo", "pca_", "persona_hit", "persona_silhouette")
 
 
 def test_ray_evaluation_matches_the_local_one(
@@ -81,8 +81,9 @@ def test_ray_evaluation_matches_the_local_one(
     fa = pd.read_parquet(local / "eval" / "per_dialogue.parquet")
     fb = pd.read_parquet(distributed / "eval" / "per_dialogue.parquet")
     offline = [c for c in fa.columns if not c.startswith(_VECTOR_COLUMNS)]
-    vector = [c for c in fa.columns if c.startswith(("drift_", "pca_", "persona_", "echo_score",
-                                                     "echo_client", "echo_responder"))]
+    vector = [c for c in fa.columns if c.startswith(("drift_", "pca_", "persona_hit", "persona_sil",
+                                                     "echo_score", "echo_client", "echo_responder"))]
+    assert len(vector) >= 10 and "persona_id" in offline
     pd.testing.assert_frame_equal(fa[offline], fb[offline])
     np.testing.assert_allclose(fa[vector].to_numpy(float), fb[vector].to_numpy(float),
                                rtol=1e-3, atol=1e-4)
