@@ -31,17 +31,13 @@ plan of an in-process server. Run it with::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,44 +48,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.throughput import engine_config  # noqa: E402 - needs ROOT on sys.path
+from benchmarks.throughput import engine_config, server_process  # noqa: E402 - needs ROOT on sys.path
 from spasm.backends.base import ChatRequest  # noqa: E402
 from spasm.backends.registry import make_backend  # noqa: E402
 from spasm.calls import Caller, CallScope  # noqa: E402
 from spasm.config import BackendConfig, parse_config  # noqa: E402
 from spasm.engine import Engine  # noqa: E402
 from spasm.testing import FaultPlan, TestServer  # noqa: E402
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[str]
-    base_url: str
-    stats: dict[str, int] | None = None
-
-
-@contextlib.contextmanager
-def server(*flags: str) -> Iterator[Server]:
-    """``python -m spasm.testing.server --port 0 FLAGS``; its stats are read when it stops."""
-    cmd = [sys.executable, "-m", "spasm.testing.server", "--port", "0", *flags]
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": path}, cwd=ROOT)
-    assert proc.stdout is not None
-    srv = Server(proc, proc.stdout.readline().strip())
-    try:
-        if not srv.base_url.startswith("http"):
-            raise RuntimeError(f"the test server did not start: {srv.base_url!r}")
-        yield srv
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        with contextlib.suppress(ValueError, IndexError):
-            srv.stats = json.loads(err.strip().splitlines()[-1])
 
 
 @dataclass
@@ -135,11 +100,10 @@ def engine_run(base_url: str, dialogues: int, concurrency: int, turns: int) -> R
 
 
 def storm(args: argparse.Namespace) -> dict[str, Any]:
-    lat = str(args.latency)
     cleans: list[Run] = []
     storms: list[Run] = []
-    with server("--latency", lat) as srv, server("--latency", lat, "--rate-429", "0.2",
-                                                 "--no-retry-after", "--seed", "3") as bad:
+    with server_process(args.latency) as srv, server_process(args.latency, "--rate-429", "0.2",
+                                                             "--no-retry-after", "--seed", "3") as bad:
         engine_run(srv.base_url, min(args.dialogues, 16), args.concurrency, 2)  # warm-up
         for _ in range(args.repeat):  # alternated, so a busy moment of the machine hits both
             cleans.append(engine_run(srv.base_url, args.dialogues, args.concurrency, args.turns))
@@ -164,11 +128,10 @@ def storm(args: argparse.Namespace) -> dict[str, Any]:
 
 def limit(args: argparse.Namespace, kind: str, headers: bool) -> dict[str, Any]:
     rate = args.limit_rps if kind == "requests" else args.limit_tps
-    flags = ["--latency", str(args.latency),
-             "--limit-rps" if kind == "requests" else "--limit-tps", str(rate)]
+    flags = ["--limit-rps" if kind == "requests" else "--limit-tps", str(rate)]
     if not headers:
         flags.append("--no-limit-headers")
-    with server(*flags) as srv:
+    with server_process(args.latency, *flags) as srv:
         r = engine_run(srv.base_url, args.limit_dialogues, 64, args.turns)
     stats = srv.stats or {}
     refused = stats.get("limited", 0)
