@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from benchmarks.throughput import (  # noqa: E402 - needs ROOT on sys.path
     Measure,
     server_process,
-    timed_engine_run,
+    timed_utterance_run,
 )
 
 #: The group's seats: three people seeking help and one facilitator, as in issue 19's example.
@@ -94,13 +94,9 @@ def group_config(base_url: str, dialogues: int, concurrency: int, utterances: in
 
 
 def run_engine(data: dict[str, Any], dialogues: int, utterances: int) -> Measure:
-    """One timed ``Engine.run`` of ``data`` (:func:`benchmarks.throughput.timed_engine_run`):
+    """One timed ``Engine.run`` of ``data`` (:func:`benchmarks.throughput.timed_utterance_run`):
     every utterance one successful call, all of them stored."""
-    expected = dialogues * utterances
-    measure, n_turns = timed_engine_run(data, dialogues, expected)
-    if n_turns != expected:
-        raise RuntimeError(f"expected {expected} utterances, the run stored {n_turns}")
-    return measure
+    return timed_utterance_run(data, dialogues, dialogues * utterances, utterances)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -247,6 +247,15 @@ def timed_engine_run(data: dict[str, Any], dialogues: int, expected_calls: int) 
     return measure, n_turns
 
 
+def timed_utterance_run(data: dict[str, Any], dialogues: int, calls: int, utterances: int) -> Measure:
+    """:func:`timed_engine_run` of a run whose dialogues have ``utterances`` turns each: exactly
+    ``calls`` successful calls and ``dialogues`` × ``utterances`` turns stored."""
+    measure, n_turns = timed_engine_run(data, dialogues, calls)
+    if n_turns != dialogues * utterances:
+        raise RuntimeError(f"expected {dialogues * utterances} utterances, the run stored {n_turns}")
+    return measure
+
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------

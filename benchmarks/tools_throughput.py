@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from benchmarks.throughput import (  # noqa: E402 - needs ROOT on sys.path
     Measure,
     server_process,
-    timed_engine_run,
+    timed_utterance_run,
 )
 
 TOOL_MODULE = '''"""The tools benchmark's one tool."""
@@ -93,15 +93,6 @@ def config(base_url: str, dialogues: int, concurrency: int, utterances: int,
     return data
 
 
-def run_engine(data: dict[str, Any], dialogues: int, calls: int, utterances: int) -> Measure:
-    """One timed ``Engine.run`` (:func:`benchmarks.throughput.timed_engine_run`): exactly
-    ``calls`` successful calls and ``dialogues`` × ``utterances`` turns stored."""
-    measure, n_turns = timed_engine_run(data, dialogues, calls)
-    if n_turns != dialogues * utterances:
-        raise RuntimeError(f"expected {dialogues * utterances} utterances, the run stored {n_turns}")
-    return measure
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--dialogues", type=int, default=64, help="dialogues per run (N)")
@@ -130,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         module = Path(tmp) / "bench_tools.py"
         module.write_text(TOOL_MODULE)
         with server_process(lat, "--call-tools") as srv:
-            run_engine(config(srv.base_url, min(n, c), c, 2, module), min(n, c),
-                       min(n, c) * 3, 2)  # warm-up (imports, the tool module)
+            timed_utterance_run(config(srv.base_url, min(n, c), c, 2, module), min(n, c),
+                                min(n, c) * 3, 2)  # warm-up (imports, the tool module)
             for _ in range(args.repeat):  # interleaved: a change in the machine's load hits both
                 runs["without tools"].append(
-                    run_engine(config(srv.base_url, n, c, u, None), n, plain_calls, u))
+                    timed_utterance_run(config(srv.base_url, n, c, u, None), n, plain_calls, u))
                 runs["with tools"].append(
-                    run_engine(config(srv.base_url, n, c, u, module), n, tool_calls, u))
+                    timed_utterance_run(config(srv.base_url, n, c, u, module), n, tool_calls, u))
     best = {k: max(v, key=lambda m: m.rate) for k, v in runs.items()}
     plain, acting = best["without tools"], best["with tools"]
     print()
