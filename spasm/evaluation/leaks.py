@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spasm.dataset.reader import Run, seen_messages
-from spasm.evaluation.loader import Conversation, clean_cell, seat_role
+from spasm.evaluation.loader import Conversation, clean_cell, condition_groups, seat_role
 from spasm.evaluation.metrics import PayloadLeakExample, PayloadLeakMetrics, PayloadLeakRate
 from spasm.evaluation.stats import finite, wilson_interval
-from spasm.registry import condition_rank
 
 __all__ = ["MAX_WORDS", "MIN_CHARS", "Leak", "dialogue_leaks", "leak_metrics", "leak_stage",
            "payload_spans"]
@@ -212,15 +211,6 @@ def _rate(pairing: str, condition: str, convs: Sequence[Conversation],
 def leak_metrics(convs: Sequence[Conversation], result: LeakResult) -> PayloadLeakMetrics:
     """The leak rate overall and by condition (and pairing × condition with several
     pairings), with Wilson 95% intervals, and up to 10 examples."""
-    groups: dict[tuple[str, str], list[Conversation]] = defaultdict(list)
-    pairings = {c.pairing for c in convs}
-    for c in convs:
-        groups[("all", "all")].append(c)
-        groups[("all", c.condition)].append(c)
-        if len(pairings) > 1:
-            groups[(c.pairing, c.condition)].append(c)
-    order = sorted(groups, key=lambda k: (k[1] != "all", k[0] != "all", k[0],
-                                          *condition_rank(k[1])))
     by_id = {c.dialogue_id: c for c in convs}
     examples = [
         PayloadLeakExample(dialogue_id=did, condition=by_id[did].condition, turn=leak.turn_index,
@@ -234,7 +224,7 @@ def leak_metrics(convs: Sequence[Conversation], result: LeakResult) -> PayloadLe
         notes.append("No Client utterance repeats a payload its egocentric frame hid.")
     return PayloadLeakMetrics(
         frame=EGOCENTRIC, min_chars=MIN_CHARS, max_words=MAX_WORDS, checked=len(result.leaks),
-        rates=[_rate(p, cond, groups[(p, cond)], result.leaks) for p, cond in order],
+        rates=[_rate(p, cond, group, result.leaks) for (p, cond), group in condition_groups(convs)],
         examples=examples, notes=notes,
     )
 

@@ -13,6 +13,8 @@ the client side (docs/evaluation.md, "Group dialogues").
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,13 @@ import pandas as pd
 
 from spasm.dataset.reader import Run, open_run
 from spasm.errors import UserError
+from spasm.registry import condition_rank
 
 __all__ = [
     "Conversation",
     "RunData",
     "clean_cell",
+    "condition_groups",
     "load_reference",
     "load_run",
     "reference_paths",
@@ -122,6 +126,24 @@ def clean_cell(value: object) -> str | None:
         return None
     text = str(value).strip()
     return text or None
+
+
+def condition_groups(
+    convs: Sequence[Conversation],
+) -> list[tuple[tuple[str, str], list[Conversation]]]:
+    """The conversations by ``(pairing, condition)``: ``("all", "all")`` first, then each
+    condition over ``all`` pairings, then (only with several pairings) each pairing × condition,
+    conditions in their registry order."""
+    groups: dict[tuple[str, str], list[Conversation]] = defaultdict(list)
+    pairings = {c.pairing for c in convs}
+    for c in convs:
+        groups[("all", "all")].append(c)
+        groups[("all", c.condition)].append(c)
+        if len(pairings) > 1:
+            groups[(c.pairing, c.condition)].append(c)
+    order = sorted(groups, key=lambda k: (k[1] != "all", k[0] != "all", k[0],
+                                          *condition_rank(k[1])))
+    return [(key, groups[key]) for key in order]
 
 
 def seat_role(role: object, persona_id: str | None) -> str:

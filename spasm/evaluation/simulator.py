@@ -48,12 +48,11 @@ from spasm.config import parse_config
 from spasm.dataset.reader import events_by_dialogue, open_run
 from spasm.errors import SpasmError
 from spasm.evaluation.llm import EvalLLM, EvalSession
-from spasm.evaluation.loader import Conversation
+from spasm.evaluation.loader import Conversation, condition_groups
 from spasm.evaluation.metrics import SimulatorErrorMetrics, SimulatorErrorRate, SimulatorExample
 from spasm.evaluation.stats import finite, wilson_interval
 from spasm.history import Event
 from spasm.projection import event_line
-from spasm.registry import condition_rank
 from spasm.scenarios import run_scenarios
 
 __all__ = [
@@ -299,16 +298,7 @@ def simulator_metrics(
 ) -> SimulatorErrorMetrics:
     """The rates by condition (``all`` pairings; each pairing too when there are several),
     overall first, and up to 10 critical examples."""
-    groups: dict[tuple[str, str], list[Conversation]] = defaultdict(list)
-    pairings = {c.pairing for c in convs}
-    for c in convs:
-        groups[("all", "all")].append(c)
-        groups[("all", c.condition)].append(c)
-        if len(pairings) > 1:
-            groups[(c.pairing, c.condition)].append(c)
-    order = sorted(groups, key=lambda k: (k[1] != "all", k[0] != "all", k[0],
-                                          *condition_rank(k[1])))
-    rates = [_rate(p, cond, groups[(p, cond)], result.reviews) for p, cond in order]
+    rates = [_rate(p, cond, group, result.reviews) for (p, cond), group in condition_groups(convs)]
     examples = [
         SimulatorExample(dialogue_id=c.dialogue_id, condition=c.condition, turn=e.turn,
                          tags=list(e.tags), severity=e.severity, reason=e.reason,
