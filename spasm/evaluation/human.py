@@ -324,6 +324,11 @@ def human_stage(
     )
 
 
+def _or_dash(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or "—" when there is none."""
+    return "—" if value is None else format(value, spec)
+
+
 def summary_lines(h: HumanMetrics) -> list[str]:
     """What ``spasm eval`` prints of the human comparison: the metrics furthest from people
     relative to their ceiling, and the judge's calibration."""
@@ -331,19 +336,19 @@ def summary_lines(h: HumanMetrics) -> list[str]:
              "reference): simulated vs human mean, human-human spread in brackets"]
     for s in [s for s in h.stats if s.condition == "all"]:
         ratio = "" if s.gap_over_spread is None else f", |gap|/spread {s.gap_over_spread:.1f}"
-        sim = "—" if s.simulated_mean is None else f"{s.simulated_mean:.3f}"
-        human = "—" if s.human_mean is None else f"{s.human_mean:.3f}"
-        spread = "—" if s.human_spread is None else f"{s.human_spread:.3f}"
+        sim = _or_dash(s.simulated_mean, ".3f")
+        human = _or_dash(s.human_mean, ".3f")
+        spread = _or_dash(s.human_spread, ".3f")
         lines.append(f"  {s.metric}: {sim} vs {human} [{spread}]{ratio}")
     c = h.calibration
     if c is not None:
-        kappa = "—" if c.kappa is None else f"{c.kappa:.2f}"
-        bias = "—" if c.bias is None else f"{c.bias:+.2f}"
+        kappa = _or_dash(c.kappa, ".2f")
+        bias = _or_dash(c.bias, "+.2f")
         rho = "" if c.spearman is None else f"; Spearman {c.spearman:.2f} (n={c.n_rated})"
         lines.append(f"Goal judge vs person (n={c.n}): kappa {kappa}, bias {bias}{rho}")
     f = h.forks
     if f is not None:
-        cos = "—" if f.cosine is None else f"{f.cosine:.2f}"
+        cos = _or_dash(f.cosine, ".2f")
         words = ("" if f.words_simulated is None or f.words_human is None
                  else f", words {f.words_simulated:.1f} (simulator) vs {f.words_human:.1f} (person)")
         skipped = "".join(f", {n} {k}" for k, n in f.skipped.items())
