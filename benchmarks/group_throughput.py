@@ -28,7 +28,6 @@ runs in a subprocess so that its CPU is never charged to the engine, as in
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -47,6 +46,7 @@ from benchmarks.throughput import (  # noqa: E402 - needs ROOT on sys.path
     Measure,
     server_process,
     timed_utterance_run,
+    utterance_parser,
 )
 
 #: The group's seats: three people seeking help and one facilitator, as in issue 19's example.
@@ -99,19 +99,8 @@ def run_engine(data: dict[str, Any], dialogues: int, utterances: int) -> Measure
     return timed_utterance_run(data, dialogues, dialogues * utterances, utterances)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--dialogues", type=int, default=64, help="dialogues per run (N)")
-    p.add_argument("--utterances", type=int, default=8, help="utterances per dialogue (U, even)")
-    p.add_argument("--latency", type=float, default=0.2, help="server latency per request, seconds (L)")
-    p.add_argument("--concurrency", type=int, default=32, help="requests in flight (C)")
-    p.add_argument("--repeat", type=int, default=1, help="repeat each run; the fastest is kept")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = utterance_parser(__doc__).parse_args(argv)
     n, u, c, lat = args.dialogues, args.utterances, args.concurrency, args.latency
     if u < 2 or u % 2:
         raise SystemExit("--utterances must be even and at least 2 (two-party: U/2 turns per agent)")

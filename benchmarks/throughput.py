@@ -256,6 +256,20 @@ def timed_utterance_run(data: dict[str, Any], dialogues: int, calls: int, uttera
     return measure
 
 
+def utterance_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of the benchmarks that count utterances (group_throughput.py,
+    tools_throughput.py); ``doc`` is the benchmark's module docstring (its first paragraph is
+    the description)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
+    p.add_argument("--dialogues", type=int, default=64, help="dialogues per run (N)")
+    p.add_argument("--utterances", type=int, default=8, help="utterances per dialogue (U, even)")
+    p.add_argument("--latency", type=float, default=0.2, help="server latency per request, seconds (L)")
+    p.add_argument("--concurrency", type=int, default=32, help="requests in flight (C)")
+    p.add_argument("--repeat", type=int, default=1, help="repeat each run; the fastest is kept")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    return p
+
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------

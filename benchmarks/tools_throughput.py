@@ -26,7 +26,6 @@ and the same schedule bound::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -45,6 +44,7 @@ from benchmarks.throughput import (  # noqa: E402 - needs ROOT on sys.path
     Measure,
     server_process,
     timed_utterance_run,
+    utterance_parser,
 )
 
 TOOL_MODULE = '''"""The tools benchmark's one tool."""
@@ -93,19 +93,8 @@ def config(base_url: str, dialogues: int, concurrency: int, utterances: int,
     return data
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--dialogues", type=int, default=64, help="dialogues per run (N)")
-    p.add_argument("--utterances", type=int, default=8, help="utterances per dialogue (U, even)")
-    p.add_argument("--latency", type=float, default=0.2, help="server latency per request, seconds (L)")
-    p.add_argument("--concurrency", type=int, default=32, help="requests in flight (C)")
-    p.add_argument("--repeat", type=int, default=1, help="repeat each run; the fastest is kept")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = utterance_parser(__doc__).parse_args(argv)
     n, u, c, lat = args.dialogues, args.utterances, args.concurrency, args.latency
     if u < 2 or u % 2:
         raise SystemExit("--utterances must be even and at least 2")
