@@ -3,7 +3,6 @@ sizes, 95% intervals and Holm-corrected p-values; compare.json read back from di
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -14,10 +13,10 @@ import pytest
 from spasm.dataset.synthetic import write_run
 from spasm.errors import UserError
 from spasm.evaluation import evaluate, register_embedder
-from spasm.evaluation.cli import register
 from spasm.evaluation.compare import compare_conditions, load_comparison
 from spasm.evaluation.stats import cohen_dz_interval, holm
 from spasm.evaluation.testing import LookupEmbedder
+from tests.eval_cli import eval_cli
 
 register_embedder("lookup", LookupEmbedder)
 
@@ -122,14 +121,6 @@ def _run(tmp_path: Path) -> Path:
     return write_run(tmp_path / "run", personas, dialogues)
 
 
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="spasm")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
-
-
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The constructed run, evaluated once for the tests that only read its evaluation."""
@@ -155,7 +146,8 @@ def test_compare_cli_prints_every_metric_and_writes_compare_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _run(tmp_path)
-    assert _cli(["compare", str(run), "--embedder", "lookup", "--no-progress", "--baseline", "concat"]) == 0
+    assert eval_cli(["compare", str(run), "--embedder", "lookup", "--no-progress",
+                     "--baseline", "concat"]) == 0
     out = capsys.readouterr().out
     assert "Every metric, paired" in out and "concat − ecp" in out and "politeness_client" in out
     data = json.loads((run / "eval" / "compare.json").read_text())
@@ -164,4 +156,4 @@ def test_compare_cli_prints_every_metric_and_writes_compare_json(
 
 def test_compare_cli_rejects_an_unknown_baseline(evaluated: Path) -> None:
     with pytest.raises(UserError, match="not a condition"):
-        _cli(["compare", str(evaluated), "--embedder", "lookup", "--baseline", "nope"])
+        eval_cli(["compare", str(evaluated), "--embedder", "lookup", "--baseline", "nope"])

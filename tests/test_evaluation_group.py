@@ -4,7 +4,6 @@ through the run store and read back from Parquet."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -17,7 +16,6 @@ from spasm.dataset.reader import open_run
 from spasm.dataset.rows import I32, OptStr, Row, Str, TurnRow
 from spasm.dataset.store import RunStore
 from spasm.evaluation import evaluate, register_embedder
-from spasm.evaluation.cli import register
 from spasm.evaluation.compare import load_comparison
 from spasm.evaluation.group import (
     ECHO_THRESHOLD,
@@ -32,6 +30,7 @@ from spasm.evaluation.group import (
 )
 from spasm.evaluation.testing import LookupEmbedder
 from spasm.personas.schema import load_schema
+from tests.eval_cli import eval_cli
 
 register_embedder("lookup", LookupEmbedder)
 
@@ -294,14 +293,6 @@ def _write_group_run(run: Path, n: int = 4) -> Path:
     return run
 
 
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="spasm")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
-
-
 @pytest.mark.e2e
 def test_spasm_eval_reports_role_confusion_of_a_group_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -311,7 +302,7 @@ def test_spasm_eval_reports_role_confusion_of_a_group_run(
     assert reader.has("participants")
     assert {"role", "next_speaker_reason"} <= set(reader.stored_columns("turns"))
 
-    assert _cli(["eval", str(run), "--embedder", "lookup", "--no-progress"]) == 0
+    assert eval_cli(["eval", str(run), "--embedder", "lookup", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "Group role confusion" in out
 
@@ -355,7 +346,7 @@ def test_spasm_eval_reports_role_confusion_of_a_group_run(
                     if c.metric == "group_impersonation_share" and c.pairing == "all")
     assert contrast.n_pairs == 4 and contrast.delta == pytest.approx(-0.25)
 
-    assert _cli(["compare", str(run)]) == 0
+    assert eval_cli(["compare", str(run)]) == 0
     printed = capsys.readouterr().out
     assert "Group role confusion" in printed and "group_loop" in printed
 

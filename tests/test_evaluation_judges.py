@@ -3,7 +3,6 @@ Fleiss' κ and disagreements, the one-family warning, cached and logged calls, r
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -15,13 +14,13 @@ import yaml
 
 from spasm.cli import main
 from spasm.evaluation import evaluate, register_embedder
-from spasm.evaluation.cli import register
 from spasm.evaluation.echoing import EchoVerdict
 from spasm.evaluation.ensemble import agreement, family_warning, majority_echoing, model_family
 from spasm.evaluation.testing import LookupEmbedder
 from spasm.testing import TestServer
 from spasm.testing.server import default_reply
 from tests.conftest import endpoint_config
+from tests.eval_cli import eval_cli
 
 register_embedder("lookup", LookupEmbedder)
 
@@ -160,20 +159,12 @@ def test_two_judges_of_two_families_report_results_agreement_and_disagreements(t
     assert "consistency_prompt_to_line" in compare["metrics"]
 
 
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="spasm")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
-
-
 @pytest.mark.e2e
 def test_judges_of_one_family_are_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with TestServer(reply=_reply, models=MODELS) as srv:
         run = _generate(tmp_path, srv.base_url)
         argv = ["eval", str(run), "--embedder", "lookup", "--no-progress"]
-        assert _cli([*argv, "--judge-backend", "gpt", "--judge-backend", "nano"]) == 0
+        assert eval_cli([*argv, "--judge-backend", "gpt", "--judge-backend", "nano"]) == 0
     captured = capsys.readouterr()
     assert "one model family (openai)" in captured.err
     assert "Judges on echoing: Fleiss' kappa" in captured.out

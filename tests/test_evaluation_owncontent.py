@@ -5,7 +5,6 @@ own content; a dialogue without copying has own-content values equal to the raw 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -21,7 +20,6 @@ from spasm.dataset.store import write_finished_run
 from spasm.dataset.synthetic import write_run
 from spasm.errors import UserError
 from spasm.evaluation import evaluate, import_spasm_jsonl, register_embedder
-from spasm.evaluation.cli import register
 from spasm.evaluation.compare import load_comparison
 from spasm.evaluation.echoing import copied_words, without_copied
 from spasm.evaluation.loader import Conversation
@@ -31,6 +29,7 @@ from spasm.evaluation.testing import LookupEmbedder
 from spasm.personas.schema import load_schema
 from spasm.testing import TestServer
 from spasm.testing.server import default_reply
+from tests.eval_cli import eval_cli
 
 register_embedder("lookup", LookupEmbedder)
 
@@ -435,14 +434,6 @@ def test_an_imported_release_is_measured_on_own_content(tmp_path: Path) -> None:
     assert math.isfinite(per.drift_utterance[0]) and math.isnan(per.drift_utterance_own[0])
 
 
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="spasm")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(["--own-ngram", "1"], "--own-ngram must be at least 2"),
@@ -452,7 +443,7 @@ def _cli(argv: list[str]) -> int:
 def test_the_own_content_flags_are_checked(tmp_path: Path, flags: list[str], message: str) -> None:
     run, _ = _known_run(tmp_path)
     with pytest.raises(UserError, match=message):
-        _cli(["eval", str(run), "--embedder", "lookup", "--no-progress", *flags])
+        eval_cli(["eval", str(run), "--embedder", "lookup", "--no-progress", *flags])
 
 
 def test_the_thresholds_reach_the_rule_from_the_command_line(
@@ -460,7 +451,7 @@ def test_the_thresholds_reach_the_rule_from_the_command_line(
 ) -> None:
     run, _ = _known_run(tmp_path)
     # With n = 9 the Responder's eight-word turn is too short to count as a copied run.
-    assert _cli(["eval", str(run), "--embedder", "lookup", "--no-progress", "--own-ngram", "9"]) == 0
+    assert eval_cli(["eval", str(run), "--embedder", "lookup", "--no-progress", "--own-ngram", "9"]) == 0
     assert "Own content: 0.0% of the Client's words copied (runs of 9+ words" in capsys.readouterr().out
     metrics = load_metrics(run)
     assert metrics.own_content is not None and metrics.own_content.ngram == 9
