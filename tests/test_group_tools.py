@@ -16,34 +16,14 @@ import pytest
 from spasm.cli import main
 from spasm.dataset import open_run
 from spasm.testing import TestServer
-from tests.test_tools_run import _config, _generate
-
-
-def _reply(body: dict[str, Any]) -> str | dict[str, Any]:
-    tools = {t["function"]["name"] for t in body.get("tools") or []}
-    if body["messages"][-1]["role"] == "tool" or not tools:
-        return "Thanks, let us see. Order 4471, please."
-    if "check_app" in tools:
-        return {"tool_calls": [{"name": "check_app", "arguments": {}}]}
-    return {"tool_calls": [{"name": "find_order", "arguments": {"order_id": "4471"}}]}
+from tests.test_tools_run import _generate, _group_config, _group_reply
 
 
 @pytest.fixture(scope="module")
 def group_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("group-tools")
-    with TestServer(reply=_reply) as srv:
-        data = _config(srv.base_url, tmp, conditions=["ecp", "concat"])
-        data["backends"] = {"srv": {"kind": "openai", "base_url": srv.base_url, "model": "m"}}
-        data.pop("pairings")
-        data["participants"] = [{"id": "Ana", "role": "client", "backend": "srv"},
-                                {"id": "Ben", "role": "client", "backend": "srv"},
-                                {"id": "Helper", "role": "responder", "backend": "srv"}]
-        data["group"] = {"max_utterances": 6, "dialogues": 1}
-        data["personas"] = {"n": 2}
-        data["scenarios"][0]["tools"] = ["find_order", "check_app"]
-        for key in ("reference_actions", "success"):
-            data["scenarios"][0].pop(key)
-        summary = _generate(data, tmp / "run")
+    with TestServer(reply=_group_reply) as srv:
+        summary = _generate(_group_config(srv.base_url, tmp, ["ecp", "concat"]), tmp / "run")
     assert summary.completed == summary.planned == 2, summary.line()
     return tmp / "run"
 

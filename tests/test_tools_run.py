@@ -268,29 +268,39 @@ def test_prompted_mode_asks_for_a_message_or_calls_through_the_structured_path(
     assert all(view.seen(i).verified for i in range(len(view.turns)))
 
 
+def _group_reply(body: dict[str, Any]) -> str | dict[str, Any]:
+    """The group recipe's server: Ana and Ben check their own app, Helper looks the order up,
+    and everyone answers once a tool has returned."""
+    tools = {t["function"]["name"] for t in body.get("tools") or []}
+    if body["messages"][-1]["role"] == "tool" or not tools:
+        return "Thanks, let us see. Order 4471, please."
+    if "check_app" in tools:
+        return {"tool_calls": [{"name": "check_app", "arguments": {}}]}
+    return {"tool_calls": [{"name": "find_order", "arguments": {"order_id": "4471"}}]}
+
+
+def _group_config(base_url: str, tmp_path: Path, conditions: list[str]) -> dict[str, Any]:
+    """:func:`_config` as a group: Ana and Ben (clients) and Helper (responder) on one backend,
+    one dialogue of 6 utterances per persona and condition, both tools and no reference."""
+    data = _config(base_url, tmp_path, conditions=conditions)
+    data["backends"] = {"srv": {"kind": "openai", "base_url": base_url, "model": "m"}}
+    data.pop("pairings")
+    data["participants"] = [{"id": "Ana", "role": "client", "backend": "srv"},
+                            {"id": "Ben", "role": "client", "backend": "srv"},
+                            {"id": "Helper", "role": "responder", "backend": "srv"}]
+    data["group"] = {"max_utterances": 6, "dialogues": 1}
+    data["personas"] = {"n": 2}
+    data["scenarios"][0]["tools"] = ["find_order", "check_app"]
+    for key in ("reference_actions", "success"):
+        data["scenarios"][0].pop(key)
+    return data
+
+
 def test_a_group_run_with_tools_keeps_each_seats_actions_to_what_it_may_see(
     tmp_path: Path,
 ) -> None:
-    def reply(body: dict[str, Any]) -> str | dict[str, Any]:
-        tools = {t["function"]["name"] for t in body.get("tools") or []}
-        if body["messages"][-1]["role"] == "tool" or not tools:
-            return "Thanks, let us see. Order 4471, please."
-        if "check_app" in tools:
-            return {"tool_calls": [{"name": "check_app", "arguments": {}}]}
-        return {"tool_calls": [{"name": "find_order", "arguments": {"order_id": "4471"}}]}
-
-    with TestServer(reply=reply) as srv:
-        data = _config(srv.base_url, tmp_path, conditions=["ecp", "quoted"])
-        data["backends"] = {"srv": {"kind": "openai", "base_url": srv.base_url, "model": "m"}}
-        data.pop("pairings")
-        data["participants"] = [{"id": "Ana", "role": "client", "backend": "srv"},
-                                {"id": "Ben", "role": "client", "backend": "srv"},
-                                {"id": "Helper", "role": "responder", "backend": "srv"}]
-        data["group"] = {"max_utterances": 6, "dialogues": 1}
-        data["personas"] = {"n": 2}
-        data["scenarios"][0]["tools"] = ["find_order", "check_app"]
-        for key in ("reference_actions", "success"):
-            data["scenarios"][0].pop(key)
+    with TestServer(reply=_group_reply) as srv:
+        data = _group_config(srv.base_url, tmp_path, ["ecp", "quoted"])
         summary = _generate(data, tmp_path / "run")
     assert summary.completed == summary.planned == 2, summary.line()
     run = open_run(tmp_path / "run")
