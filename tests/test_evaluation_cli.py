@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import re
@@ -17,18 +16,10 @@ import spasm.dataset.synthetic
 import spasm.evaluation
 from spasm.dataset.synthetic import synthesize_run
 from spasm.errors import UserError
-from spasm.evaluation.cli import register
 from spasm.evaluation.figures import read_figures
+from tests.eval_cli import eval_cli
 
 SAMPLE = Path(__file__).parent / "data" / "spasm_release_sample.jsonl"
-
-
-def _run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="spasm")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +31,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_eval_writes_metrics_and_a_report_with_its_figures(
     small_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _run_cli(["eval", str(small_run), "--no-progress"]) == 0
+    assert eval_cli(["eval", str(small_run), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "Evaluated 48 dialogues" in out and "report.html" in out
 
@@ -68,9 +59,9 @@ def test_eval_writes_metrics_and_a_report_with_its_figures(
 @pytest.mark.e2e
 def test_compare_prints_the_tables(small_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if not (small_run / "eval" / "metrics.json").exists():
-        _run_cli(["eval", str(small_run), "--no-progress"])
+        eval_cli(["eval", str(small_run), "--no-progress"])
         capsys.readouterr()
-    assert _run_cli(["compare", str(small_run)]) == 0
+    assert eval_cli(["compare", str(small_run)]) == 0
     out = capsys.readouterr().out
     assert "ECP vs CONCAT" in out and "ΔDrift" in out and "Acc@1" in out
     assert "gpt/deepseek" in out
@@ -79,9 +70,9 @@ def test_compare_prints_the_tables(small_run: Path, capsys: pytest.CaptureFixtur
 @pytest.mark.e2e
 def test_compare_computes_missing_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    assert _run_cli(["import", str(SAMPLE), "--out", str(run), "--pairing", "a/b"]) == 0
+    assert eval_cli(["import", str(SAMPLE), "--out", str(run), "--pairing", "a/b"]) == 0
     assert "Imported 3 dialogues" in capsys.readouterr().out
-    assert _run_cli(["compare", str(run), "--no-progress"]) == 0
+    assert eval_cli(["compare", str(run), "--no-progress"]) == 0
     assert (run / "eval" / "metrics.json").exists()
     assert "no pairs" in capsys.readouterr().out  # one ECP/CONCAT pair is missing its partner
 
@@ -104,7 +95,7 @@ def test_bad_input_is_a_user_error(small_run: Path, tmp_path: Path, argv: list[s
     empty.mkdir()
     subst = {"missing": str(tmp_path / "nope"), "run": str(small_run), "empty": str(empty)}
     with pytest.raises(UserError, match=re.escape(message)):
-        _run_cli([a.format(**subst) for a in argv])
+        eval_cli([a.format(**subst) for a in argv])
 
 
 def test_missing_table_column_is_a_user_error(tmp_path: Path) -> None:
@@ -118,7 +109,7 @@ def test_missing_table_column_is_a_user_error(tmp_path: Path) -> None:
     shutil.rmtree(run / ".commits")
     pd.DataFrame({"dialogue_id": ["x"]}).to_parquet(run / "turns.parquet")
     with pytest.raises(UserError, match="lacks the column"):
-        _run_cli(["eval", str(run)])
+        eval_cli(["eval", str(run)])
 
 
 def test_public_api() -> None:
