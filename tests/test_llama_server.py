@@ -56,8 +56,14 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of a llama.cpp server on a free loopback port; always killed afterwards."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("llama") / "server.log"
+    # `python -m llama_cpp.server`, loading its model as the embedded backend does (without the
+    # CPU's extra buffer types, which crash llama.cpp in a VM that reports AMX it does not have).
+    launch = ("import runpy, sys; from spasm.backends.embedded import without_extra_buffer_types\n"
+              "sys.argv[0] = 'llama_cpp.server'\n"
+              "with without_extra_buffer_types():\n"
+              "    runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)\n")
     command = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(find_smollm2_gguf()),
+        sys.executable, "-c", launch, "--model", str(find_smollm2_gguf()),
         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096",
         "--n_threads", str(default_threads()),
     ]

@@ -51,6 +51,7 @@ file, shared through the page cache.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import hashlib
 import importlib.util
@@ -58,6 +59,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,38 +203,48 @@ def _llama_class() -> type:
     return Llama
 
 
+@contextlib.contextmanager
+def without_extra_buffer_types() -> Iterator[None]:
+    """Models loaded inside this block use none of the CPU's extra buffer types (weights
+    repacked for AMX or other gemm kernels): those compute a token differently by how many
+    share its batch, so a reply would depend on how its prompt was split, and on a CPU that
+    reports AMX in a VM that does not enable it they crash the process. ``Llama()`` takes its
+    model parameters from ``llama_model_default_params`` and has no switch for them: it sees
+    ours inside the block. Also for a ``python -m llama_cpp.server`` run from Python
+    (``tests/test_llama_server.py``)."""
+    import llama_cpp.llama_cpp as bindings
+
+    default = bindings.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        if hasattr(p, "use_extra_bufts"):
+            p.use_extra_bufts = False
+        return p
+
+    bindings.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        bindings.llama_model_default_params = default
+
+
 def load_model(path: Path, n_ctx: int, n_threads: int, slot: int = 0) -> Any:
-    """Load (once per process and ``slot``) a llama.cpp model with its own context."""
+    """Load (once per process and ``slot``) a llama.cpp model with its own context, without
+    the CPU's extra buffer types (:func:`without_extra_buffer_types`, under the lock)."""
     key = (str(path), n_ctx, n_threads, slot)
     with _MODELS_LOCK:
         if key not in _MODELS:
             try:
-                import llama_cpp.llama_cpp as bindings
+                import llama_cpp.llama_cpp  # noqa: F401
             except ImportError as exc:
                 raise UserError(
                     "The embedded model needs llama-cpp-python (pip install llama-cpp-python)."
                 ) from exc
-            # Without the CPU's extra buffer types (weights repacked for AMX or other gemm
-            # kernels): those compute a token differently by how many share its batch, so a
-            # reply would depend on how its prompt was split, and on a CPU that reports AMX in
-            # a VM that does not enable it they crash the process. Llama() takes its model
-            # parameters from this function and has no switch for them: it sees ours while
-            # the model loads (under the lock).
-            default = bindings.llama_model_default_params
-
-            def params() -> Any:
-                p = default()
-                if hasattr(p, "use_extra_bufts"):
-                    p.use_extra_bufts = False
-                return p
-
-            bindings.llama_model_default_params = params
-            try:
+            with without_extra_buffer_types():
                 _MODELS[key] = _llama_class()(
                     model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False
                 )
-            finally:
-                bindings.llama_model_default_params = default
             _CONTEXT_LOCKS[id(_MODELS[key])] = threading.Lock()
         return _MODELS[key]
 
