@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,13 @@ from typing import Any
 import pytest
 
 from spasm.config import parse_config
+
+# A suite started as a background job (`make test &`, a scheduler) inherits SIGINT ignored, and
+# an ignored signal stays ignored in every subprocess, so the tests that press Ctrl-C on
+# `spasm generate`, `spasm play` or the test server would see nothing happen. The suite's own
+# handler is reset to SIG_DFL in its children at exec, where Python installs its usual one.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _real_connect = socket.socket.connect
 
