@@ -1,4 +1,4 @@
-"""A run with tools (issue 31), the run layer's part: the tools and worlds checked before any
+"""A run with tools, the run layer's part: the tools and worlds checked before any
 call, each dialogue's :class:`~spasm.tools.ToolBelt`, its events and worlds rows, its reward.
 
 * :func:`check_tools` (at the start of ``spasm generate`` and of the dry run): the config's

@@ -37,7 +37,8 @@ def client_instructions(responder_role: str, language: object = None) -> str:
     """How the Client behaves in the conversation (its frame without the persona card).
 
     ``language``: the persona's (a code, tag or English name); when it is not English the
-    frame asks for every message in it. English or none: the frame is as it always was."""
+    frame asks for every message in it. English or none: no language line
+    (``test_english_or_no_language_leaves_the_frames_as_they_were``)."""
     name = language_name(language)
     speak = f" Write every message in {name}, your own language." if name else ""
     return (
@@ -59,7 +60,7 @@ def responder_system_prompt(
 ) -> str:
     """The Responder's frame: its role only (never the Client's card). ``language``: the
     conversation's when it is not English (the one thing about the Client the Responder is
-    told, as a service knows which language its user writes in); English or none: as before."""
+    told, as a service knows which language its user writes in); English or none: no language line."""
     name = language_name(language)
     base = (
         f"You are a {role}. Someone has come to talk with you. Help them with care and "

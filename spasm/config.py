@@ -32,7 +32,7 @@ class _Strict(BaseModel):
 
 
 class Temperatures(_Strict):
-    """Sampling temperature per role (SPEC §2–3 defaults)."""
+    """Sampling temperature per role."""
 
     client: float = Field(0.7, ge=0, le=2)
     responder: float = Field(0.7, ge=0, le=2)
@@ -186,7 +186,7 @@ class PairingConfig(_Strict):
 
 
 class PersonaConfig(_Strict):
-    """Persona pipeline settings (SPEC §2)."""
+    """Persona pipeline settings."""
 
     #: How many personas: drawn from the schema (default 4) or, with ``source``, rows drawn
     #: from the file with the run's seed (default: every row).
@@ -235,7 +235,7 @@ class PersonaConfig(_Strict):
 
 
 class TerminationConfig(_Strict):
-    """The termination detector chain (SPEC §3)."""
+    """The termination detector chain."""
 
     rules: bool = True
     window: int = Field(4, ge=2, description="m: utterances the rules look at")
@@ -288,7 +288,7 @@ class DialogueConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    """Run-engine settings (SPEC §6)."""
+    """Run-engine settings (docs/engine.md)."""
 
     max_dialogues_in_flight: int | None = Field(
         None, ge=1, description="default: twice the request slots of the backends in use"
@@ -307,7 +307,7 @@ HarnessLevel = Literal["A", "B", "C", "D", "E"]
 
 
 class HarnessConfig(_Strict):
-    """The Persona Harness around each agent (SPEC §4) and its A–E ablation.
+    """The Persona Harness around each agent (docs/harness.md) and its A–E ablation.
 
     Levels: A persona prompt only (the projection of the whole history); B + rolling window
     and structured context of older turns; C + external state through the reducer (and the
@@ -398,7 +398,7 @@ class ParticipantConfig(_Strict):
     #: and extra instructions; a client seat's instructions are added to its frame.
     responder_role: str | None = None
     instructions: str | None = None
-    #: The seat's harness level (A–E, SPEC §4); the ``harness:`` block's settings (window,
+    #: The seat's harness level (A–E, docs/harness.md); the ``harness:`` block's settings (window,
     #: corpus, checker, audit, persona probes …) apply to every harnessed seat.
     level: HarnessLevel = "A"
 

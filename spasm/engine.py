@@ -138,13 +138,13 @@ class Engine:
         self._shard_record = shard.record() if shard is not None else None
         #: What the manifest records of the run's scenarios (:func:`scenarios_record`); set
         #: when the run directory is checked, ``None`` in a run without scenarios or one
-        #: written before the record existed.
+        #: whose manifest has no such record (an older run).
         self._scenarios: dict[str, Any] | None = None
         #: A run with tools: what the manifest records of its tools and worlds
         #: (:func:`spasm.acting.tools_record`), checked on a resume.
         self._tools: dict[str, Any] | None = None
         #: The same for the rows of ``personas.source`` (``None``: no source, or a run
-        #: written before the record existed), and the file as read for it.
+        #: whose manifest has no such record), and the file as read for it.
         self._personas_source: dict[str, Any] | None = None
         self._loaded_source: SourcePersonas | None = None
 
@@ -209,7 +209,7 @@ class Engine:
 
     def _manifest_record(self, key: str) -> dict[str, Any] | None:
         """The record the run's manifest keeps under ``key``, or ``None`` (no manifest yet, an
-        unreadable one, or a run written before the record existed)."""
+        unreadable one, or an older manifest without it)."""
         try:
             manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -259,8 +259,8 @@ class Engine:
     def _check_scenarios(self) -> None:
         """A resumed run runs the scenarios its stored dialogues ran: the config names a
         scenario file, so its fingerprint cannot see an edit; the digest its manifest records
-        can. A run whose manifest records none (written before the record) resumes unchecked,
-        as before, and goes on recording none."""
+        can. A run whose manifest records none (an older run) resumes unchecked and goes on
+        recording none."""
         try:
             manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
         except FileNotFoundError:

@@ -1,13 +1,13 @@
-"""The perspective-agnostic dialogue history (SPEC §3).
+"""The perspective-agnostic dialogue history (docs/architecture.md).
 
 The history is stored once, with absolute speakers. It is immutable: appending returns a new
 history, so a projection computed from it can never change under an agent's feet.
 
-Besides utterances it holds **events** (issue 31): what agents *did* within their turns —
+Besides utterances it holds **events**: what agents *did* within their turns —
 ``tool_call``, ``tool_result`` and ``notice`` — each with its ``actor`` and who may see it
 (``visible_to``: participant ids). Visibility is data: a projection decides from it what each
-viewer's frame shows (:mod:`spasm.projection`). The utterances stay what they were (``len``,
-iteration and indexing count utterances only), so everything that reads words keeps working;
+viewer's frame shows (:mod:`spasm.projection`). Events are kept apart from the utterances (``len``,
+iteration and indexing count utterances only), so everything that reads words sees words only;
 an event records the index of the utterance whose turn it belongs to (``turn_index``: it
 happened after ``turn_index`` utterances, before that turn's utterance).
 """

@@ -4,8 +4,8 @@ A run with a human seat stores each seat's kind (``llm``, ``function``, ``human`
 dialogues (two-party: ``client_kind``, ``responder_kind``) and participants (``kind``) rows, the
 human seat's pseudonymous ``operator`` and ``interface``, and with each of the person's turns the
 typing its interface measured (``typing_ms``, ``edits``, ``pasted_chars``). Its pairing label
-names the person: ``human×<model>``. Every other run is written as before, byte for byte
-(:func:`has_people` is false, nothing here runs).
+names the person: ``human×<model>``. A run without a human seat has none of these
+columns (:func:`has_people` is false, nothing here runs; tests/golden pins its bytes).
 
 The runner calls :func:`record_people` on a finished dialogue's rows; the typing comes from the
 human backend, which keeps each reply's measurements until they are taken

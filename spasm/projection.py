@@ -1,4 +1,4 @@
-"""The projection operator Ψ (SPEC §3): history + viewer → the chat messages that viewer sees.
+"""The projection operator Ψ (docs/architecture.md): history + viewer → the chat messages that viewer sees.
 
 Projections are pure functions registered by name; ``ecp``, ``concat`` and ``quoted`` ship with
 spasm and others can be added with :func:`register_projection`.
@@ -16,7 +16,8 @@ spasm and others can be added with :func:`register_projection`.
   message of its own, carrying the speaker's id as a "Name: " prefix or the protocol's ``name``
   field (``Viewer.speaker_names``), under ``concat`` the transcript labels each line with the
   speaker's id, under ``quoted`` the viewer's own lines are "You" and the others' their ids.
-  Two-party viewers (``group`` unset) see exactly what they saw before groups existed.
+  Two-party viewers (``group`` unset) get no names: their frames are the two-party ones
+  (tests/snapshots and tests/golden pin their bytes).
 * ``quoted`` (egocentric labels without chat roles): the history as one quoted transcript in a
   ``user`` message, labelled from the viewer's side — "You: …" for the viewer's own turns, "The
   <responder role>: …" for the Responder's as the Client sees them, "The person: …" for the
@@ -31,8 +32,8 @@ matching ids; another participant's event reaches the viewer only when it may se
 only as that event's notice, on a line before that participant's utterance in its ``user``
 message, never as a foreign ``tool`` message; ``quoted`` writes the visible events as lines with
 the viewer's labels. ``concat`` is the shared transcript: every event, visible or not, as lines
-with absolute labels, the same for every viewer. A history without events is projected exactly
-as before events existed.
+with absolute labels, the same for every viewer. A history without events is projected with no
+trace of them (``test_a_history_without_events_projects_as_before``).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class DialogueSpec:
     condition: str
     pairing: PairingConfig
     seed: int
-    #: Harness level (A–E) of the Client and of the Responder (SPEC §4); of every seat, in
+    #: Harness level (A–E) of the Client and of the Responder (docs/harness.md); of every seat, in
     #: turn order, in a group dialogue.
     levels: tuple[str, ...] = ("A", "A")
     #: The scenario of a run with scenarios (its situation and goal go on the Client's card).
@@ -124,7 +124,7 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
     # A scenario's situation and goal go on the Client's card, its context to the Responder.
     card = client_card(spec.persona["card"], spec.scenario)
     instructions = responder_context(d.responder_instructions, spec.scenario)
-    language = spec.persona.get("language")  # English or none: the frames as before
+    language = spec.persona.get("language")  # English or none: no language line
     plain = (
         PlainAgent(
             speaker="client",
@@ -188,7 +188,7 @@ def goal_detector(spec: DialogueSpec, config: RunConfig, caller: Caller) -> Goal
 
 def judge_seats(spec: DialogueSpec) -> tuple[tuple[str, str], ...] | None:
     """A group dialogue's ``(participant id, role)`` seats, for the goal judge's transcript
-    (``None`` for a two-party dialogue: its judge reads Client and Responder as before)."""
+    (``None`` for a two-party dialogue: its judge reads the Client and the Responder)."""
     if not isinstance(spec, GroupSpec):
         return None
     return tuple((s.participant.id, s.participant.role) for s in spec.seats)

@@ -49,8 +49,8 @@ __all__ = [
 def id_part(name: str) -> str:
     """A backend or condition name as it stands in a dialogue id: ``-`` (the separator) and
     ``%`` (the escape) percent-encoded, so ids are unique by construction
-    (``gpt``/``4o-mini`` and ``gpt-4o``/``mini`` no longer give one id). A name without either
-    character is unchanged, so those ids are byte-identical to earlier versions."""
+    (``gpt``/``4o-mini`` and ``gpt-4o``/``mini`` give two ids). A name without either character
+    is unchanged (``test_ids_of_plain_names_are_byte_identical_to_earlier_versions``)."""
     return name.replace("%", "%25").replace("-", "%2D")
 
 
@@ -70,7 +70,7 @@ def dialogue_id(persona_id: str, k: int, client: str, responder: str, condition:
 def legacy_dialogue_id(persona_id: str, k: int, client: str, responder: str, condition: str,
                        level: str | None = None, scenario: str | None = None) -> str:
     """The id an older spasm gave the same dialogue (names joined unescaped), to recognise a
-    run written before :func:`id_part` (runs with scenarios came later: their ids as now)."""
+    run with unescaped ids (a run with scenarios always has escaped ones)."""
     if scenario is not None:
         return dialogue_id(persona_id, k, client, responder, condition, level, scenario)
     did = f"{persona_id}-k{k}-{client}-{responder}-{condition}"
@@ -133,8 +133,9 @@ def plan(
 
 def trials_of(config: RunConfig, did: str, seed: int) -> list[tuple[int | None, int, str]]:
     """``(trial, seed, dialogue id)`` of each trial of one planned dialogue: the dialogue itself
-    (trial ``None``) in a run without trials, so its ids and seeds are byte-identical to
-    before; with ``trials: K`` (``--trials K``), trials 0..K-1, each with its own seed derived
+    (trial ``None``) in a run without trials, so its ids and seeds are those of a plain
+    plan (``test_a_run_without_trials_plans_the_same_ids_and_seeds_as_before``); with
+    ``trials: K`` (``--trials K``), trials 0..K-1, each with its own seed derived
     from the dialogue's (``derive_seed(seed, "trial", t)``: every condition, pairing and level
     of a trial shares it, so conditions stay paired trial by trial) and ``-t<trial>`` at the
     end of its id (after the level: every id of a trial run ends so, so ids stay unique)."""

@@ -335,8 +335,8 @@ def digest_record(source: str, items: Mapping[str, Any]) -> dict[str, Any]:
     return record
 
 
-#: Fields added with tools (issue 31): left out of a scenario's digest while unset, so the
-#: digests of runs written before them do not change.
+#: Fields of a scenario with tools: left out of its digest while unset, so a scenario that
+#: sets none of them is digested by its other fields alone (and matches older runs' records).
 _ADDED_FIELDS = ("world", "reference_actions", "success", "tools")
 
 

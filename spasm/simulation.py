@@ -1,4 +1,5 @@
-"""One dialogue: the Client opens, the agents alternate, the detector chain decides (SPEC §3).
+"""One dialogue: the Client opens, the agents alternate, the detector chain decides
+(docs/architecture.md).
 
 The dialogue knows only its seam: the :class:`~spasm.agents.TurnAgent`\\ s it is handed (plain,
 harnessed, audited or scripted: it cannot tell), the termination chain, the session and the

@@ -143,7 +143,7 @@ def run_status(run_dir: str | Path) -> RunStatus:
 
 
 def _rate_limits(value: Any) -> dict[str, dict[str, Any]]:
-    """The manifest's ``rate_limits`` (absent in runs before issue 27; anything else ignored)."""
+    """The manifest's ``rate_limits`` (absent from older manifests; anything else ignored)."""
     if not isinstance(value, dict):
         return {}
     return {str(k): v for k, v in value.items() if isinstance(v, dict)}

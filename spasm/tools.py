@@ -1,4 +1,4 @@
-"""Tools and a world (issue 31): what agents can *do*, and the state they act on.
+"""Tools and a world: what agents can *do*, and the state they act on.
 
 A tool is a Python function of yours, marked with :func:`tool` and called as
 ``fn(world, **arguments)``::

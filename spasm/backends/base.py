@@ -33,7 +33,7 @@ class Message(TypedDict):
     #: The speaker of a ``user`` message in a group dialogue whose participants are named by
     #: the protocol's ``name`` field (``group.speaker_names: name_field``); absent otherwise.
     name: NotRequired[str]
-    #: An ``assistant`` message that calls tools (issue 31); absent otherwise.
+    #: An ``assistant`` message that calls tools; absent otherwise.
     tool_calls: NotRequired[list[ToolCallMessage]]
     #: A ``tool`` message: the id of the call it answers.
     tool_call_id: NotRequired[str]
@@ -89,7 +89,7 @@ class ChatRequest:
     context: CallContext | None = field(default=None, compare=False)
     #: The tools the model may call, as the OpenAI protocol's ``tools`` items
     #: (``{"type": "function", "function": {"name", "description", "parameters"}}``), or
-    #: ``None`` (a request without tools: its params and cache key are as before tools existed).
+    #: ``None`` (a request without tools: no ``tools`` in its params or cache key).
     tools: tuple[dict[str, Any], ...] | None = None
 
     def params(self) -> dict[str, Any]:
@@ -136,7 +136,7 @@ class Completion:
     #: reports none); billed at the backend's cached-token price.
     cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-    #: The tool calls the model asked for instead of (or besides) writing text (issue 31).
+    #: The tool calls the model asked for instead of (or besides) writing text.
     tool_calls: tuple[ToolCall, ...] = ()
     #: The answer's rate headers (``x-ratelimit-*``: what the provider says is left of the key),
     #: read by :mod:`spasm.limits` to pace the backend; never cached or logged.

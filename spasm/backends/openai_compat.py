@@ -127,7 +127,7 @@ def _completion(resp: Any, backend: str, model: str, latency: float) -> Completi
 
 
 def _tool_calls(raw: Any, backend: str) -> tuple[ToolCall, ...]:
-    """The tool calls of a reply (issue 31): each with its id, function name and arguments
+    """The tool calls of a reply: each with its id, function name and arguments
     text; a call shaped otherwise is a malformed body."""
     if not raw:
         return ()
@@ -299,7 +299,7 @@ class OpenAIBackend(Backend):
             body["seed"] = request.seed
         if fmt is not None:
             body["response_format"] = fmt
-        if request.tools is not None:  # native tool calls (issue 31)
+        if request.tools is not None:  # native tool calls
             body["tools"] = list(request.tools)
         return body
 
@@ -314,7 +314,7 @@ class OpenAIBackend(Backend):
                 # benchmarks/README.md); the body is already plain JSON, and the reply is parsed
                 # into the same typed ChatCompletion.
                 # Cast to the SDK's AsyncAPIResponse to keep the headers (x-ratelimit-*: the
-                # provider says what is left of the key); ``parse`` reads the body as before.
+                # provider says what is left of the key); ``parse`` reads the body into it.
                 raw = await self._client.post("/chat/completions", body=body,
                                               cast_to=openai.AsyncAPIResponse[ChatCompletion])
                 resp = await raw.parse()

@@ -1,6 +1,6 @@
 """Structured-output modes: how a request with a JSON schema is sent, and how its JSON is read.
 
-Servers differ (SPEC §5): OpenAI, vLLM and SGLang take ``response_format`` ``json_schema``;
+Servers differ (docs/engine.md): OpenAI, vLLM and SGLang take ``response_format`` ``json_schema``;
 llama.cpp's server takes ``json_object`` with a ``schema`` field (a grammar); DeepSeek takes
 ``json_object`` without one and wants the word "json" and an example in the prompt; anything
 else gets the schema in the prompt and its reply parsed. A mode is a transport detail: the
@@ -193,7 +193,7 @@ def extract_json(text: str) -> Any:
     return _DECODER.decode(stripped)  # raises with the position; or a non-object to validate
 
 
-# -- tools in prompted mode (issue 31) ---------------------------------------------------------
+# -- tools in prompted mode ---------------------------------------------------------------------
 #: The instruction a prompted tool step adds (after the tools' descriptions).
 TOOL_STEP_INSTRUCTION = (
     "You can act before you answer. To use tools, reply with JSON "

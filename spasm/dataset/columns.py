@@ -15,9 +15,10 @@ column                    model                             dump / load
 ``calls.params``          :class:`CallParams`               :func:`dump_params` / :func:`load_params`
 ========================  ================================  ====================================
 
-**Bytes.** Each dump writes exactly the text spasm wrote before these models existed (same key
-order, separators and ``ensure_ascii``), so run digests (tests/golden/run.json) and runs written
-by older versions compare equal: ``state`` compact (``","``/``":"``) with non-ASCII kept;
+**Bytes.** Each dump writes one fixed text per value (key order, separators and
+``ensure_ascii`` fixed), so run digests (tests/golden/run.json) and stored runs compare equal
+(``test_each_dump_writes_the_bytes_spasm_wrote_before_the_models``): ``state`` compact
+(``","``/``":"``) with non-ASCII kept;
 ``state_log`` compact with non-ASCII escaped; ``checker_verdict`` and ``probe`` with the default
 separators and non-ASCII kept; ``params`` with sorted keys, default separators, non-ASCII
 escaped.
@@ -329,7 +330,7 @@ class Check(BaseModel):
     source: str = "model"
 
     def record(self) -> dict[str, Any]:
-        """The check as stored (``pass`` is the key the SPEC names)."""
+        """The check as stored (``pass`` is the stored key, not ``passed``)."""
         return self.model_dump(mode="json", by_alias=True)
 
 
@@ -537,8 +538,8 @@ class CallParams(BaseModel):
     structured: bool = False
     #: Distinguishes deliberate repeats of an identical request.
     sample_index: int = 0
-    #: The names of the tools the request offered (a tool step of a turn, issue 31); absent
-    #: from the text of calls without tools, so their rows are what they always were.
+    #: The names of the tools the request offered (a tool step of a turn); absent
+    #: from the text of calls without tools, so their params carry no ``tools`` key.
     tools: list[str] | None = None
 
 

@@ -10,8 +10,8 @@ Every command that writes (``generate``, ``merge``, ``import``, ``export``, ``ev
   ``import --force`` replaces only an earlier import);
 * ``--overwrite`` only over what the same command wrote before: each command that writes a
   directory leaves :data:`OUTPUT_MARKER` in it (:func:`mark_output`). A directory without the
-  marker is replaced only when it holds nothing but that command's own file names (outputs
-  written before the marker existed).
+  marker is replaced only when it holds nothing but that command's own file names (an output
+  of a version that wrote no marker).
 
 A replacement moves the old output aside as ``.NAME.replaced-XXXXXXXX`` (:func:`aside_path`)
 and deletes it once the new one counts; a process killed in between leaves it there.

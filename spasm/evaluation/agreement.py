@@ -12,7 +12,7 @@ written by ``spasm view``): append-only, so the *latest* label per (dialogue, an
 * **People vs a detector** (the rule, and the LLM judge when it ran): Cohen's κ between the
   majority human yes/no label of each dialogue (ties left out) and the detector's verdict.
 
-The format evaluation assumed before ``spasm view`` existed — a single ``annotations.parquet``
+The single-file format — one ``annotations.parquet``
 file whose ``echoing`` is a boolean (or 0/1), one row per annotator — is still read: true
 becomes ``"yes"`` (echoing, side not given), false ``"none"``, and rows without an annotator are
 numbered raters per dialogue.
@@ -248,7 +248,7 @@ def _majority(latest: pd.DataFrame) -> dict[str, bool]:
 
 def agreement_report(labels: pd.DataFrame, detectors: Mapping[str, Mapping[str, bool]]) -> AgreementReport:
     """Agreement between the annotators of ``labels`` and with each detector's verdicts
-    (``{"rule": {dialogue_id: echoing}, "judge": {...}}``). Labels in the old format (a
+    (``{"rule": {dialogue_id: echoing}, "judge": {...}}``). Labels in the single-file format (a
     boolean ``echoing``, no annotator or time) are read as :func:`read_labels` reads them."""
     latest = latest_labels(_migrate(labels))
     annotators = sorted({str(a) for a in latest["annotator"]})

@@ -15,8 +15,8 @@ table under the role ``eval_consistency``):
   against the card: 1 when it agrees with it (runs without persona probes have no Q&A score).
 
 A dialogue's score is the mean of its 0/1 labels (1 = fully consistent). One call per
-dialogue and measure returns every line's label at once (the paper asks per line; one call a
-dialogue costs a fraction and keeps the lines in context); the reply must give exactly one
+dialogue and measure returns every line's label at once (a call per line would cost more; one call
+a dialogue costs a fraction and keeps the lines in context); the reply must give exactly one
 label per line, or it is re-asked once with the validation error and then counted as a
 fallback (no score for that dialogue).
 

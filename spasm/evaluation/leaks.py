@@ -1,5 +1,5 @@
-"""``payload_leak``: the simulated user repeats what it could not have seen (issue 31 item 7,
-offline, every run with an ``events`` table).
+"""``payload_leak``: the simulated user repeats what it could not have seen (offline, every
+run with an ``events`` table; tests/test_payload_leak.py).
 
 A Client utterance *leaks* when it repeats a span of a tool event's payload (its arguments, its
 result or its error) that the Client's **egocentric** frame of that turn would not show: the

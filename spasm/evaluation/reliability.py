@@ -1,4 +1,4 @@
-"""Reliability of a run with trials (issue 31 item 6): pass^k and the noise floor.
+"""Reliability of a run with trials: pass^k and the noise floor (tests/test_trials.py).
 
 A run with ``trials: K`` runs every planned dialogue K times with its own seed per trial
 (``dialogues.trial``). The dialogues that differ only in their trial are one *task* (the same

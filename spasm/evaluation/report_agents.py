@@ -1,7 +1,7 @@
-"""The eval report's section on outcomes (issue 31): reliability over trials (pass^k and the
-noise floor), payload leaks, and the simulated user's judged errors. Empty for a run that has none of them, so
-other reports are unchanged. Its own module, beside :mod:`spasm.evaluation.report_group`,
-drawing with :mod:`spasm.evaluation.report_parts`."""
+"""The eval report's section on outcomes: reliability over trials (pass^k and the noise
+floor), payload leaks, and the simulated user's judged errors. Empty for a run that has none of
+them, so such a run's report has no outcomes section. Its own module, beside
+:mod:`spasm.evaluation.report_group`, drawing with :mod:`spasm.evaluation.report_parts`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The simulated user's own errors, judged by an LLM (issue 31 item 7, opt-in:
-``spasm eval --simulator-errors``).
+"""The simulated user's own errors, judged by an LLM (opt-in: ``spasm eval
+--simulator-errors``; tests/test_simulator_errors.py).
 
 A dialogue that fails may be the simulator's fault, not the agent's: τ²-bench found up to 30%
 of failed runs were (tau2-bench PR #392), and reviews the user simulator with a closed

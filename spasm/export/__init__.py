@@ -1,5 +1,5 @@
 """Training-ready data from a run: formats, QA scans with redaction, splits and a dataset card
-(SPEC §10, ``spasm export`` / ``spasm qa`` / ``spasm card``).
+(docs/export.md: ``spasm export`` / ``spasm qa`` / ``spasm card``).
 
 ==================  ===========================================================================
 Module              What it owns

@@ -1,4 +1,4 @@
-"""Exact and near-duplicate dialogues (SPEC §10), found while the dialogues stream past.
+"""Exact and near-duplicate dialogues (docs/export.md), found while the dialogues stream past.
 
 * **Exact**: two dialogues whose utterances (speaker and text, case and whitespace folded) are
   the same. A 16-byte digest per dialogue is kept.

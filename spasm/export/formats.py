@@ -1,4 +1,4 @@
-"""Training examples from a role's perspective, and the formats they are written in (SPEC §10).
+"""Training examples from a role's perspective, and the formats they are written in (docs/export.md).
 
 An :class:`Example` is one dialogue seen by one role through the ECP projection
 (:func:`spasm.projection.ecp`): that role's system prompt, its own turns as ``assistant`` and

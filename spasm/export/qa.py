@@ -1,4 +1,4 @@
-"""``spasm qa``: every QA scan over a run, findings to the run's ``qa`` table (SPEC §10).
+"""``spasm qa``: every QA scan over a run, findings to the run's ``qa`` table (docs/export.md).
 
 One streaming pass over the turns (:mod:`spasm.export.stream`) runs the utterance scans of
 :mod:`spasm.export.scans`, checks each dialogue's structure (alternation, turn order, no

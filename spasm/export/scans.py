@@ -1,4 +1,4 @@
-"""QA scans of single utterances, and redaction (SPEC §10).
+"""QA scans of single utterances, and redaction (docs/export.md).
 
 Each scan is a small pure function ``(text, context) -> list[Finding]`` registered by the kind
 of finding it reports, like the projections in :mod:`spasm.projection`::

@@ -1,8 +1,8 @@
-"""Examples that train tool use (issue 31 item 8): a run with an ``events`` table exported as
+"""Examples that train tool use (tests/test_export_tools.py): a run with an ``events`` table exported as
 each trained role saw it, calls and results included.
 
 An example is still one dialogue through one role's (or seat's) ECP frame
-(:func:`spasm.projection.ecp`), now over the history *with its events*: the role's own tool
+(:func:`spasm.projection.ecp`), over the history *with its events*: the role's own tool
 calls are ``assistant`` messages with ``tool_calls`` and their results ``tool`` messages
 answering the calls' ids; another seat's events reach it only as that event's notice inside a
 ``user`` message (never as a foreign ``tool`` message). Training the Client therefore keeps the
@@ -74,7 +74,7 @@ SHAREGPT_TOOL_TAGS = {"function_tag": "function_call", "observation_tag": "obser
 def run_tools(run: Run) -> dict[str, tuple[dict[str, Any], tuple[str, ...]]]:
     """Each tool of the run by name: its OpenAI ``tools`` item and who owns it, loaded from
     the modules the run's ``config.json`` names (paths as the run was given them, from the
-    working directory). A module that no longer loads is a :class:`UserError` saying so."""
+    working directory). A module that does not load here is a :class:`UserError` saying so."""
     from spasm.tools import load_tools
 
     entries = (run.config or {}).get("tools") or []

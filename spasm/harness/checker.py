@@ -105,7 +105,7 @@ class Verdict:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        """The check as stored (``pass`` is the key the SPEC names)."""
+        """The check as stored (``pass`` is the stored key, not ``passed``)."""
         return self.check().record()
 
 

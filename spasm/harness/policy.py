@@ -49,7 +49,7 @@ __all__ = [
 #: Bump when the policy's fields or the extraction prompt change meaning.
 POLICY_VERSION = "1"
 
-#: The SPEC asks for 5–10 never-boundaries.
+#: A policy has 5–10 never-boundaries (docs/harness.md).
 MIN_NEVER, MAX_NEVER = 5, 10
 
 

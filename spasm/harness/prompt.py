@@ -1,8 +1,9 @@
 """Layer 5, the orchestrated prompt (docs/harness.md, "The layers"; tests/snapshots pin it).
 
-SPEC order: core identity facts, the 3–5 most relevant state items, scene, style rules, the top
-never-boundaries, examples, last correction. Prompt caching wants the stable parts first, so
-the prompt is cut into two blocks and the SPEC order is kept *within* each:
+The prompt order (docs/harness.md, "Prompt"): core identity facts, the 3–5 most relevant
+state items, scene, style rules, the top never-boundaries, examples, last correction. Prompt
+caching wants the stable parts first, so the prompt is cut into two blocks and that order is
+kept *within* each:
 
 * the **stable block** — the system message: the role frame, identity facts, style rules, the
   top never-boundaries (and the always-rules). It is byte-identical at every turn of a
@@ -44,7 +45,7 @@ def _bullets(title: str, items: Sequence[str]) -> str:
 
 
 def stable_prompt(base: str, policy: CharacterPolicy | None, *, never_n: int = 5) -> str:
-    """The stable block: the role frame, then the policy in SPEC order (facts, style, never)."""
+    """The stable block: the role frame, then the policy in prompt order (facts, style, never)."""
     if policy is None:
         return base
     parts = [base]
@@ -76,7 +77,7 @@ class TurnBlock:
 
 
 def turn_block(block: TurnBlock) -> str | None:
-    """The final system message, in SPEC order: state, scene, examples, correction."""
+    """The final system message, in prompt order: state, scene, examples, correction."""
     parts: list[str] = []
     if block.state_items:
         parts.append(_bullets("Where you stand now:", block.state_items))

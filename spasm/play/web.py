@@ -1,4 +1,4 @@
-"""A seat in the browser: the play pages of ``spasm view`` (issue 26 item 2).
+"""A seat in the browser: the play pages of ``spasm view`` (tests/test_play_web.py).
 
 ``spasm view RUN`` gets ``/play``: start a dialogue in a seat of the run's config (persona,
 scenario, condition), then talk in it; the other seats are the config's agents, through the

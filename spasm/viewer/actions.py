@@ -1,4 +1,4 @@
-"""What the dialogue page shows of agents that act (issue 31 item 9), built from a
+"""What the dialogue page shows of agents that act (tests/test_viewer_tools.py), built from a
 :class:`~spasm.dataset.DialogueView` of a run with an ``events`` table.
 
 Pure functions, like :mod:`spasm.viewer.pages`: each turn's tool calls, results and notices
