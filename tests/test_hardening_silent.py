@@ -500,7 +500,7 @@ def test_two_evaluations_at_once_distil_the_static_table_once(
         size = embeddings._plain_tokenizer(tokenizer).get_vocab_size(with_added_tokens=True)
         return np.full((size, pca_dims), 0.5, dtype=np.float32)
 
-    monkeypatch.setattr(embeddings, "distill_static_table", distill)
+    monkeypatch.setattr(embeddings.static, "distill_static_table", distill)
     made = [embeddings.StaticEmbedder(cache_dir=tmp_path / "static") for _ in range(2)]
     first = threading.Thread(target=made[0].embed, args=(["a text"],))
     first.start()

@@ -6,7 +6,8 @@ Typical use::
     metrics = evaluate("runs/demo")            # writes runs/demo/eval/{metrics.json,report.html}
     print(metrics.echoing.overall.rate)
 
-Modules, one per concern: :mod:`~spasm.evaluation.embeddings` (models and cache),
+Modules, one per concern: :mod:`~spasm.evaluation.embeddings` (a package: the interface, one
+module per model, the cache),
 :mod:`~spasm.evaluation.loader` (run tables), :mod:`~spasm.evaluation.drift`,
 :mod:`~spasm.evaluation.echoing` (the rule), :mod:`~spasm.evaluation.judge` (the LLM judge),
 :mod:`~spasm.evaluation.llm` (how the probe and the judge reach a model: the engine's caller),
