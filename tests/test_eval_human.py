@@ -176,6 +176,12 @@ def test_the_goal_judge_is_calibrated_against_the_persons_own_verdict(tmp_path: 
     assert c.n_rated == 6 and c.spearman == pytest.approx(rho)
     report = (run / "eval" / "report.html").read_text()
     assert "Goal judge vs the person" in report
+
+
+@pytest.mark.e2e
+def test_the_cli_prints_the_goal_judges_calibration(tmp_path: Path) -> None:
+    run = _played(tmp_path, [True, True, True, True, False, False, None],
+                  [True, True, False, False, False, False, True], [5, 4, 3, 3, 1, 2, None])
     proc = subprocess.run([sys.executable, "-m", "spasm", "eval", str(run), "--embedder", "static",
                            "--no-progress"], capture_output=True, text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

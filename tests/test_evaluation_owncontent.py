@@ -446,6 +446,7 @@ def test_the_own_content_flags_are_checked(tmp_path: Path, flags: list[str], mes
         eval_cli(["eval", str(run), "--embedder", "lookup", "--no-progress", *flags])
 
 
+@pytest.mark.e2e
 def test_the_thresholds_reach_the_rule_from_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -53,6 +53,7 @@ def test_each_seat_trains_on_its_own_calls_only(group_run: Path, tmp_path: Path)
             assert {m["tool_call_id"] for m in r["messages"] if m["role"] == "tool"} <= ids
 
 
+@pytest.mark.e2e
 def test_payload_leak_and_the_viewer_read_every_seats_own_frame(group_run: Path) -> None:
     assert main(["eval", str(group_run), "--no-progress"]) == 0
     metrics = json.loads((group_run / "eval" / "metrics.json").read_text())

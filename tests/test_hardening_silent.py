@@ -179,6 +179,7 @@ def runs(two_runs: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
     return Path(shutil.copytree(a, tmp_path / "a")), Path(shutil.copytree(b, tmp_path / "b"))
 
 
+@pytest.mark.e2e
 def test_eval_of_one_run_never_replaces_another_runs_evaluation(
     runs: tuple[Path, Path], capsys: Any
 ) -> None:
@@ -539,6 +540,8 @@ def _sampled_loop(backend: Any, prefix: str, utterances: int = 6) -> list[str]:
     return anyio.run(run)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_an_embedded_reply_is_the_same_from_a_kept_context_and_from_a_fresh_one() -> None:
     pytest.importorskip("llama_cpp")
     from spasm.backends.embedded import MIN_EVALUATED, EmbeddedBackend, SavedStates, StreamSlots
@@ -564,6 +567,8 @@ def test_an_embedded_reply_is_the_same_from_a_kept_context_and_from_a_fresh_one(
     assert kept._llm(kept.slots.slot("again")).n_tokens == second.prompt_tokens
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_the_same_embedded_plan_run_in_another_lane_order_gives_the_same_dialogues(
     tmp_path: Path
 ) -> None:

@@ -122,6 +122,7 @@ def test_bad_input_names_the_file_and_line(tmp_path: Path, name: str, text: str,
     assert not (tmp_path / "run").exists()  # nothing left behind
 
 
+@pytest.mark.e2e
 def test_bad_input_through_the_cli_is_exit_2_without_a_traceback(tmp_path: Path) -> None:
     src = tmp_path / "x.jsonl"
     src.write_text('{"messages": [{"role": "user", "content": "a"}]}\nnot json\n')

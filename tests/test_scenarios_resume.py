@@ -88,6 +88,7 @@ def _edited() -> list[dict[str, Any]]:
     return edited
 
 
+@pytest.mark.e2e
 def test_an_edited_scenario_file_stops_the_resume_and_the_restored_one_resumes(
     tmp_path: Path, server: TestServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -341,6 +341,7 @@ def test_a_resume_refuses_tools_or_worlds_edited_since_the_run_started(tmp_path:
     assert again.new == 0 and again.completed == again.planned
 
 
+@pytest.mark.e2e
 def test_shards_of_a_run_with_tools_merge_with_their_events_and_worlds(tmp_path: Path) -> None:
     with TestServer(reply=_client) as srv:
         config = tmp_path / "c.yaml"

@@ -78,6 +78,7 @@ def trial_run(tmp_path_factory: pytest.TempPathFactory, server: TestServer) -> P
     return out
 
 
+@pytest.mark.e2e
 def test_every_planned_dialogue_runs_k_times_with_its_own_paired_seed(trial_run: Path) -> None:
     dialogues = open_run(trial_run).dialogues
     assert len(dialogues) == 2 * 2 * 2 * 3  # personas × scenarios × conditions × trials
@@ -113,6 +114,7 @@ def test_a_run_without_trials_plans_the_same_ids_and_seeds_as_before(server: Tes
     assert [s.dialogue_id for s in three[:3]] == [f"{before[0][0]}-t{t}" for t in range(3)]
 
 
+@pytest.mark.e2e
 def test_a_resumed_run_with_trials_equals_the_uninterrupted_one(
     tmp_path: Path, server: TestServer, trial_run: Path
 ) -> None:
@@ -127,6 +129,7 @@ def test_a_resumed_run_with_trials_equals_the_uninterrupted_one(
     assert _generate(cfg, run, "--trials", "2") == 2
 
 
+@pytest.mark.e2e
 def test_shards_of_a_run_with_trials_merge_into_the_whole_run(
     tmp_path: Path, server: TestServer, trial_run: Path
 ) -> None:
