@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from scipy.stats import spearmanr
 
 from spasm.dataset.importer import import_conversations, import_spasm_jsonl
 from spasm.dataset.rows import ScenarioDialogueRow, TurnRow, human_row_model
@@ -172,6 +171,8 @@ def test_the_goal_judge_is_calibrated_against_the_persons_own_verdict(tmp_path: 
     assert c.bias == pytest.approx(2 / 6) and c.agreement == pytest.approx(4 / 6)
     # po = 4/6, pe = 4/6 * 2/6 + 2/6 * 4/6 = 16/36: kappa = (24 - 16) / (36 - 16) = 0.4
     assert c.kappa == pytest.approx(0.4)
+    from scipy.stats import spearmanr  # the reference; scipy loads only for this test
+
     rho = spearmanr(ratings[:6], [1, 1, 1, 1, 0, 0]).statistic
     assert c.n_rated == 6 and c.spearman == pytest.approx(rho)
     report = (run / "eval" / "report.html").read_text()

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from sklearn.metrics import cohen_kappa_score
 
 from spasm.dataset import AnnotationRow, RunStore
 from spasm.evaluation.agreement import (
@@ -44,6 +43,7 @@ def test_fleiss_kappa_matches_the_textbook_example() -> None:
 
 
 def test_cohen_kappa_is_sklearns_and_undefined_cases_are_none() -> None:
+    from sklearn.metrics import cohen_kappa_score  # the reference implementation
     a = ["none", "client", "client", "both", "none", "responder"]
     b = ["none", "client", "none", "both", "none", "client"]
     assert cohen_kappa(a, b) == pytest.approx(cohen_kappa_score(a, b))
@@ -60,6 +60,7 @@ def test_the_latest_label_per_annotator_wins_and_earlier_ones_are_counted() -> N
 
 
 def test_two_annotators_get_cohen_and_more_get_fleiss() -> None:
+    from sklearn.metrics import cohen_kappa_score  # the reference implementation
     two = _labels([("d1", "ana", "client", 0), ("d1", "ben", "client", 0),
                    ("d2", "ana", "none", 0), ("d2", "ben", "none", 0),
                    ("d3", "ana", "both", 0), ("d3", "ben", "none", 0), ("d4", "ana", "none", 0)])
@@ -78,6 +79,7 @@ def test_two_annotators_get_cohen_and_more_get_fleiss() -> None:
 
 
 def test_people_vs_detectors_use_the_majority_and_drop_ties() -> None:
+    from sklearn.metrics import cohen_kappa_score  # the reference implementation
     labels = _labels([("d1", "ana", "client", 0), ("d1", "ben", "both", 0), ("d2", "ana", "none", 0),
                       ("d2", "ben", "none", 0), ("d3", "ana", "client", 0), ("d3", "ben", "none", 0),
                       ("d4", "ana", "none", 0)])
