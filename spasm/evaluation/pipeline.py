@@ -1,9 +1,12 @@
 """``evaluate``: run every metric on a run directory and write metrics.json and the report.
 
-The stages, in order: embed every utterance once; drift (cheap, or the LLM probe); echoing
-(the rule, optionally the LLM judge) and its onset; persona separability per pairing ×
-condition; realism (lexical diversity and diagnostics, z-scored against ``reference``); the
-paired comparison of every metric across conditions; the files.
+The stages are :data:`STAGES`, run in order on one :class:`EvalState`: embed every utterance
+once; drift (cheap, or the LLM probe); the same on the Client's own content; echoing (the rule,
+optionally the LLM judge) and its onset; persona separability per pairing × condition; realism
+(lexical diversity and diagnostics, z-scored against ``reference``); people against the
+simulator; language; the group detectors; payload leaks; the LLM-judged consistency and
+simulator errors; the judges' ensemble; goals and pass^k. Then the paired comparison of every
+metric across conditions, and the files.
 The probe and the judge go through the engine's caller (:mod:`spasm.evaluation.llm`).
 """
 
@@ -17,7 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +38,7 @@ from spasm.dataset.reader import open_run
 from spasm.errors import UserError
 from spasm.evaluation.agreement import human_agreement
 from spasm.evaluation.compare import Comparison, compare_conditions, write_comparison
+from spasm.evaluation.consistency import ConsistencyVerdict
 from spasm.evaluation.drift import (
     DRIFT_DIMENSIONS,
     PERSONA_DIMENSIONS,
@@ -66,7 +70,6 @@ from spasm.evaluation.leaks import leak_stage
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
 from spasm.evaluation.loader import Conversation, RunData, load_run
 from spasm.evaluation.metrics import (
-    ConsistencyMetrics,
     Counts,
     DriftMetrics,
     EchoingMetrics,
@@ -74,11 +77,11 @@ from spasm.evaluation.metrics import (
     OwnDrift,
     RealismMetrics,
     SeparabilityGroup,
-    SimulatorErrorMetrics,
 )
 from spasm.evaluation.onset import onset_curves, onset_turn, turn_scores
 from spasm.evaluation.owncontent import (
     OWN_SUFFIX,
+    OwnContent,
     OwnRule,
     own_content,
     own_conversations,
@@ -102,7 +105,7 @@ from spasm.evaluation.summary import (
     kappa,
 )
 
-__all__ = ["EVAL_DIRNAME", "evaluate", "load_metrics", "load_per_dialogue"]
+__all__ = ["EVAL_DIRNAME", "STAGES", "EvalState", "Stage", "evaluate", "load_metrics", "load_per_dialogue"]
 
 EVAL_DIRNAME = "eval"
 METRICS_FILE = "metrics.json"
@@ -323,6 +326,213 @@ def _check_baseline(data: RunData, baseline: str | None) -> None:
         )
 
 
+@dataclass
+class EvalState:
+    """What the stages share: the run, the options and the embedder, then what each stage
+    leaves for the later ones (its attributes below), for metrics.json (``fields``: values of
+    :class:`Metrics` fields, by name) and for per_dialogue.parquet (``columns``, joined by
+    :meth:`add_columns`, in stage order, after the fixed columns of :func:`_per_dialogue`)."""
+
+    data: RunData
+    embed: Embed
+    mode: Literal["cheap", "probe"]
+    judge: bool
+    llm: EvalLLM | None
+    retrieval: Retrieval
+    echo_threshold: float
+    concurrency: int
+    show: bool
+    reference: str | Path | None
+    consistency: bool
+    ensemble: bool
+    simulator_errors: bool
+    own_rule: OwnRule | None
+    own_consistency: bool
+    fields: dict[str, Any] = field(default_factory=dict)
+    columns: pd.DataFrame | None = None
+    # Set by the stages, in order (reading one before its stage ran is an AttributeError).
+    personas: dict[str, dict[str, object]] = field(init=False)
+    vectors: _Vectors = field(init=False)
+    means: dict[str, dict[str, float]] = field(init=False)
+    series: DriftSeries = field(init=False)
+    own: OwnContent = field(init=False)
+    client_own: dict[str, FloatArray] = field(init=False)
+    own_means: dict[str, dict[str, float]] = field(init=False)
+    own_series: DriftSeries = field(init=False)
+    verdicts: dict[str, EchoVerdict] = field(init=False)
+    echo_by_judge: dict[str, dict[str, EchoVerdict]] = field(init=False)
+    pca_xy: dict[str, tuple[float, float]] = field(init=False)
+    persona_cols: dict[str, dict[str, float]] = field(init=False)
+    persona_own: dict[str, dict[str, float]] = field(init=False)
+    group: GroupResult | None = None
+    consistency_by_judge: dict[str, dict[str, ConsistencyVerdict]] | None = None
+
+    @property
+    def convs(self) -> list[Conversation]:
+        return self.data.conversations
+
+    @property
+    def two_party(self) -> list[Conversation]:
+        """Drift, echoing and separability are two-party measures; group dialogues get the
+        group stage's per-seat and per-pair forms instead (docs/evaluation.md, "Group dialogues")."""
+        return [c for c in self.convs if not c.is_group]
+
+    def add_columns(self, frame: pd.DataFrame) -> None:
+        """Join per-dialogue columns (indexed by dialogue id) to those of the earlier stages."""
+        self.columns = frame if self.columns is None else self.columns.join(frame)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of :func:`evaluate`: ``name`` is its key in ``metrics.timings``; ``run`` does
+    the work on the shared :class:`EvalState` and says whether its time goes into ``timings``
+    (``False``: it had nothing to measure in this run, or only summarises other stages)."""
+
+    name: str
+    run: Callable[[EvalState], bool]
+
+
+def _embed_stage(s: EvalState) -> bool:
+    s.vectors = _embed_utterances(s.convs, s.embed)
+    return True
+
+
+def _drift_stage(s: EvalState) -> bool:
+    s.personas = s.data.persona_rows()
+    two_party = s.two_party
+    drift, s.means, s.series = _drift(two_party, s.vectors, s.personas, s.embed, s.mode, s.llm,
+                                      s.concurrency, s.show)
+    if len(two_party) < len(s.convs):
+        drift.notes = [*(drift.notes if two_party else []),
+                       two_party_note(len(s.convs) - len(two_party), len(two_party))]
+    s.fields["drift"] = drift
+    return True
+
+
+def _own_content_stage(s: EvalState) -> bool:
+    """Own content: every persona metric again on what the Client wrote itself (owncontent.py)."""
+    two_party = s.two_party
+    s.own = own_content(s.convs, s.own_rule)
+    s.client_own = own_vectors(s.own, {c.dialogue_id: s.vectors.client[c.dialogue_id] for c in two_party},
+                               s.embed)
+    drift: DriftMetrics = s.fields["drift"]
+    drift.own, s.own_means, s.own_series = _own_drift(two_party, s.client_own, s.personas, s.embed,
+                                                      s.mode, drift)
+    s.fields["own_content"] = own_metrics(s.own, s.convs)
+    return True
+
+
+def _echoing_stage(s: EvalState) -> bool:
+    s.fields["echoing"], s.verdicts, s.echo_by_judge = _echoing(
+        s.data.run_dir, s.two_party, s.vectors, s.echo_threshold, s.llm if s.judge else None,
+        s.concurrency, s.show)
+    return True
+
+
+def _separability_stage(s: EvalState) -> bool:
+    s.fields["separability"], s.pca_xy, s.persona_cols = _separability(
+        s.data, s.personas, s.vectors, s.embed, s.retrieval)
+    kept_own = {did: v[np.isfinite(v).all(axis=1)] for did, v in s.client_own.items()}
+    s.fields["separability_own"], _, s.persona_own = _separability(
+        s.data, s.personas, _Vectors(s.vectors.utterances, kept_own, s.vectors.n_texts), s.embed,
+        s.retrieval, suffix=OWN_SUFFIX)
+    return True
+
+
+def _realism_stage(s: EvalState) -> bool:
+    s.fields["realism"], frame = _realism(s.convs, s.reference)
+    s.add_columns(frame)
+    return True
+
+
+def _human_stage(s: EvalState) -> bool:
+    """People in seats: their dialogues against the simulator's (runs or references with people)."""
+    assert s.columns is not None  # the realism stage's
+    s.fields["human"] = human_stage(s.data, s.columns, s.reference, s.embed)
+    return s.fields["human"] is not None
+
+
+def _language_stage(s: EvalState) -> bool:
+    s.fields["language"], language_cols = language_scan(s.convs, s.personas)
+    s.add_columns(pd.DataFrame.from_dict(language_cols, orient="index"))
+    return True
+
+
+def _group_stage(s: EvalState) -> bool:
+    s.group = group_stage(s.data.run_dir, s.convs, s.personas, s.embed,
+                          own=own_texts(s.own, (c for c in s.convs if c.is_group)))
+    s.fields["group"] = s.group.metrics if s.group is not None else None
+    return s.group is not None
+
+
+def _payload_leak_stage(s: EvalState) -> bool:
+    leak, leak_cols = leak_stage(open_run(s.data.run_dir, verify=False), s.convs)
+    s.fields["payload_leak"] = leak
+    if leak is None:
+        return False
+    s.add_columns(pd.DataFrame.from_dict(leak_cols, orient="index"))  # a run with tools
+    return True
+
+
+def _consistency_stage(s: EvalState) -> bool:
+    if not s.consistency or s.llm is None:
+        return False
+    cards = {pid: str(p.get("card") or "") for pid, p in s.personas.items()}
+    s.fields["consistency"], scores, s.consistency_by_judge = consistency_stage(
+        s.llm, s.convs, cards, concurrency=s.concurrency, show=s.show, qa=_persona_probes(s.data),
+        own=own_conversations(s.own, s.convs) if s.own_consistency else None,
+    )
+    s.add_columns(pd.DataFrame.from_dict(scores, orient="index", dtype=float))
+    return True
+
+
+def _simulator_errors_stage(s: EvalState) -> bool:
+    """The simulated user's own errors (opt-in)."""
+    if not s.simulator_errors or s.llm is None:
+        return False
+    s.fields["simulator_errors"], sim_cols = simulator_stage(
+        s.llm, s.data.run_dir, s.data.dialogues, s.convs, concurrency=s.concurrency, show=s.show)
+    s.add_columns(pd.DataFrame.from_dict(sim_cols, orient="index"))
+    return True
+
+
+def _judges_stage(s: EvalState) -> bool:
+    """The judge ensemble's report: a summary of the echoing and consistency judges' calls
+    (their time is theirs)."""
+    if s.ensemble and s.llm is not None:
+        s.fields["judges"] = ensemble_report(s.llm, s.echo_by_judge if s.judge else None,
+                                             s.consistency_by_judge)
+    return False
+
+
+def _outcomes_stage(s: EvalState) -> bool:
+    """Goal success (runs with scenarios) and pass^k (runs with trials): read off the
+    dialogues, not timed."""
+    s.fields["goals"] = goal_metrics(s.convs)
+    s.fields["reliability"] = reliability_metrics(s.convs)
+    return False
+
+
+#: The stages of :func:`evaluate`, in the order they run (a later one reads what earlier ones
+#: left in the :class:`EvalState`). A metric adds its stage here (docs/architecture.md).
+STAGES: list[Stage] = [
+    Stage("embed_utterances", _embed_stage),
+    Stage("drift", _drift_stage),
+    Stage("own_content", _own_content_stage),
+    Stage("echoing", _echoing_stage),
+    Stage("separability", _separability_stage),
+    Stage("realism", _realism_stage),
+    Stage("human", _human_stage),
+    Stage("language", _language_stage),
+    Stage("group", _group_stage),
+    Stage("payload_leak", _payload_leak_stage),
+    Stage("consistency", _consistency_stage),
+    Stage("simulator_errors", _simulator_errors_stage),
+    Stage("judges", _judges_stage),
+    Stage("outcomes", _outcomes_stage),
+]
+
+
 def _evaluate(
     data: RunData,
     embedder: str | Embedder,
@@ -343,12 +553,10 @@ def _evaluate(
     own_rule: OwnRule | None = None,
     own_consistency: bool = False,
 ) -> tuple[Metrics, pd.DataFrame, GroupResult | None, pd.DataFrame]:
-    """The stages, timed; see :func:`evaluate`. The third value: the group detectors' result
-    (group runs only); the fourth: ``per_turn.parquet`` (own content per client utterance)."""
+    """The :data:`STAGES`, each timed; see :func:`evaluate`. The third value: the group
+    detectors' result (group runs only); the fourth: ``per_turn.parquet`` (own content per
+    client utterance)."""
     convs = data.conversations
-    # Drift, echoing and separability are two-party measures; group dialogues get the group
-    # stage's per-seat and per-pair forms instead (docs/evaluation.md, "Group dialogues").
-    two_party = [c for c in convs if not c.is_group]
     inner = (
         create_embedder(embedder, **dict(embedder_options or {})) if isinstance(embedder, str) else embedder
     )
@@ -365,93 +573,22 @@ def _evaluate(
             finally:
                 cached.progress = None
 
-    t0 = time.perf_counter()
-    vectors = _embed_utterances(convs, embed)
-    timings["embed_utterances"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    personas = data.persona_rows()
-    drift, means, series = _drift(two_party, vectors, personas, embed, mode, llm, concurrency, show)
-    if len(two_party) < len(convs):
-        drift.notes = [*(drift.notes if two_party else []),
-                       two_party_note(len(convs) - len(two_party), len(two_party))]
-    timings["drift"] = time.perf_counter() - t0
-
-    # Own content: every persona metric again on what the Client wrote itself (owncontent.py).
-    t0 = time.perf_counter()
-    own = own_content(convs, own_rule)
-    client_own = own_vectors(own, {c.dialogue_id: vectors.client[c.dialogue_id] for c in two_party}, embed)
-    drift.own, own_means, own_series = _own_drift(two_party, client_own, personas, embed, mode, drift)
-    timings["own_content"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    echoing, verdicts, echo_by_judge = _echoing(
-        data.run_dir, two_party, vectors, echo_threshold, llm if judge else None, concurrency, show
+    state = EvalState(
+        data=data, embed=embed, mode=mode, judge=judge, llm=llm, retrieval=retrieval,
+        echo_threshold=echo_threshold, concurrency=concurrency, show=show, reference=reference,
+        consistency=consistency, ensemble=ensemble, simulator_errors=simulator_errors,
+        own_rule=own_rule, own_consistency=own_consistency,
     )
-    timings["echoing"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    separability, pca_xy, persona_cols = _separability(data, personas, vectors, embed, retrieval)
-    kept_own = {did: v[np.isfinite(v).all(axis=1)] for did, v in client_own.items()}
-    separability_own, _, persona_own = _separability(
-        data, personas, _Vectors(vectors.utterances, kept_own, vectors.n_texts), embed, retrieval,
-        suffix=OWN_SUFFIX)
-    timings["separability"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    realism, realism_cols = _realism(convs, reference)
-    timings["realism"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    human = human_stage(data, realism_cols, reference, embed)  # people in seats: vs the simulator
-    if human is not None:
-        timings["human"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    language, language_cols = language_scan(convs, personas)
-    realism_cols = realism_cols.join(pd.DataFrame.from_dict(language_cols, orient="index"))
-    timings["language"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    group: GroupResult | None = group_stage(data.run_dir, convs, personas, embed,
-                                            own=own_texts(own, (c for c in convs if c.is_group)))
-    if group is not None:
-        timings["group"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    leak, leak_cols = leak_stage(open_run(data.run_dir, verify=False), convs)
-    if leak is not None:  # a run with tools: payload_leak per dialogue
-        realism_cols = realism_cols.join(pd.DataFrame.from_dict(leak_cols, orient="index"))
-        timings["payload_leak"] = time.perf_counter() - t0
-
-    consistency_metrics: ConsistencyMetrics | None = None
-    consistency_by_judge = None
-    if consistency and llm is not None:
+    for stage in STAGES:
         t0 = time.perf_counter()
-        cards = {pid: str(p.get("card") or "") for pid, p in personas.items()}
-        consistency_metrics, scores, consistency_by_judge = consistency_stage(
-            llm, convs, cards, concurrency=concurrency, show=show, qa=_persona_probes(data),
-            own=own_conversations(own, convs) if own_consistency else None,
-        )
-        realism_cols = realism_cols.join(pd.DataFrame.from_dict(scores, orient="index", dtype=float))
-        timings["consistency"] = time.perf_counter() - t0
-    simulator: SimulatorErrorMetrics | None = None
-    if simulator_errors and llm is not None:  # the simulated user's own errors (opt-in)
-        t0 = time.perf_counter()
-        simulator, sim_cols = simulator_stage(llm, data.run_dir, data.dialogues, convs,
-                                              concurrency=concurrency, show=show)
-        realism_cols = realism_cols.join(pd.DataFrame.from_dict(sim_cols, orient="index"))
-        timings["simulator_errors"] = time.perf_counter() - t0
-    ensemble_metrics = (
-        ensemble_report(llm, echo_by_judge if judge else None, consistency_by_judge)
-        if ensemble and llm is not None
-        else None
-    )
+        if stage.run(state):
+            timings[stage.name] = time.perf_counter() - t0
 
     counts = Counts(
         personas=int(data.personas["persona_id"].nunique()),
         dialogues_total=data.n_dialogues_total,
         dialogues_ok=len(convs),
-        utterances=vectors.n_texts,
+        utterances=state.vectors.n_texts,
         client_turns=sum(c.sides.count("client") for c in convs),
         texts_embedded=cached.computed,
         texts_cached=cached.hits,
@@ -463,28 +600,16 @@ def _evaluate(
         mode=mode,
         judge=judge,
         counts=counts,
-        drift=drift,
-        echoing=echoing,
-        separability=separability,
-        separability_own=separability_own,
-        own_content=own_metrics(own, convs),
-        realism=realism,
-        consistency=consistency_metrics,
-        judges=ensemble_metrics,
-        language=language,
-        goals=goal_metrics(convs),
-        group=group.metrics if group is not None else None,
-        reliability=reliability_metrics(convs),
-        payload_leak=leak,
-        simulator_errors=simulator,
         llm=llm.usage() if llm is not None else None,
-        human=human,
         timings={},
+        **state.fields,
     )
-    frame = _per_dialogue(convs, means, verdicts, pca_xy, realism_cols, echo_threshold)
+    frame = _per_dialogue(convs, state.means, state.verdicts, state.pca_xy, state.columns, echo_threshold)
     if "dialogue_id" in frame:  # a run without an ok dialogue has an empty frame
-        frame = frame.join(_own_columns(convs, own_means, persona_cols, persona_own), on="dialogue_id")
-    per_turn = per_turn_frame(own, convs, series, own_series)
+        frame = frame.join(_own_columns(convs, state.own_means, state.persona_cols, state.persona_own),
+                           on="dialogue_id")
+    per_turn = per_turn_frame(state.own, convs, state.series, state.own_series)
+    group = state.group
     if group is None:
         return metrics, frame, None, per_turn
     # Group runs: the group_* columns (and persona_set, the pairing key of group twins).
