@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +50,9 @@ from spasm.registry import condition_rank, ordered_conditions
 if TYPE_CHECKING:
     from spasm.evaluation.compare import Comparison
 
-__all__ = ["GroupFrames", "render_report", "report_figures", "write_report"]
+__all__ = [
+    "SECTIONS", "GroupFrames", "ReportContext", "Section", "render_report", "report_figures", "write_report",
+]
 
 
 def _group_label(pairing: str, condition: str) -> str:
@@ -625,30 +628,43 @@ def _own_html(m: Metrics, comparison: Comparison | None) -> str:
     )
 
 
-def render_report(
-    metrics: Metrics,
-    per_dialogue: pd.DataFrame,
-    figures: Sequence[ReportFigure] | None = None,
-    comparison: Comparison | None = None,
-    group: GroupFrames | None = None,
-) -> str:
-    """The report as one HTML string (no external resources). ``figures``: those of
-    :func:`report_figures`, when the caller has drawn them already; ``comparison``: the
-    paired comparison of every metric (:func:`spasm.evaluation.compare.compare_conditions`);
-    ``group``: a group run's per-participant and per-pair rows (its group section's tables)."""
-    m = metrics
-    if figures is None:
-        figures = report_figures(m, per_dialogue, comparison, group)
-    paired_html = _contrasts_html(comparison)
-    figs = {f.name: f for f in figures}
+@dataclass(frozen=True)
+class ReportContext:
+    """What every report section reads: the metrics, the per-dialogue rows, the paired
+    comparison, a group run's rows and the drawn figures (embedded by :meth:`fig`)."""
 
-    def fig(key: str) -> str:
-        caption = html.escape(figs[key].caption)
+    metrics: Metrics
+    per_dialogue: pd.DataFrame
+    comparison: Comparison | None
+    group: GroupFrames | None
+    figures: Mapping[str, ReportFigure]
+
+    def fig(self, key: str) -> str:
+        """The figure ``key`` of :func:`report_figures` as an embedded ``<figure>``."""
+        figure = self.figures[key]
+        caption = html.escape(figure.caption)
         return (
-            f'<figure><img alt="{caption}" src="{figs[key].data_uri()}">'
+            f'<figure><img alt="{caption}" src="{figure.data_uri()}">'
             f"<figcaption>{caption}</figcaption></figure>"
         )
 
+    @property
+    def pointer(self) -> str:
+        """Under a two-party heading: group dialogues are left out of drift, separability and
+        echoing (their group forms are in the group section)."""
+        if not has_group(self.metrics):
+            return ""
+        return ("<p class='meta'>Two-party dialogues only: the group dialogues are measured in "
+                "“Group dialogues: role confusion” above.</p>")
+
+
+#: A report section: its HTML from the :class:`ReportContext`, starting with a newline (or
+#: ``""`` when it has nothing to show).
+Section = Callable[[ReportContext], str]
+
+
+def _summary_section(ctx: ReportContext) -> str:
+    m = ctx.metrics
     c = m.counts
     summary = _table(
         ["", "value"],
@@ -665,19 +681,55 @@ def render_report(
             ["echoing decided by", m.echoing.method],
         ],
     )
+    return f"\n<h2>Summary</h2>{summary}"
+
+
+def _group_section(ctx: ReportContext) -> str:
+    return group_html(ctx.metrics, ctx.group, ctx.fig)
+
+
+def _drift_section(ctx: ReportContext) -> str:
+    m = ctx.metrics
     refs = "".join(
         f"<li><b>{html.escape(d)}</b>: {html.escape(r)}</li>" for d, r in m.drift.references.items()
     )
+    notes = [*m.drift.notes]
+    if m.drift.mode == "probe":
+        notes.append(
+            f"Probe calls: {m.drift.probe_calls}, fallbacks to the utterance: {m.drift.probe_fallbacks}."
+        )
+    notes_html = (
+        "<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""
+    )
+    pair_title = html.escape(m.drift.comparison_title())
     drift_table = _drift_table(m.drift.comparisons)
-    by_cond = _by_condition_table(m.drift.by_condition)
-    sep = _separability_table(m.separability)
-    own_html = _own_html(m, comparison)
+    return f"""
+<h2>Persona drift</h2>{ctx.pointer}
+{ctx.fig("drift")}
+<ul class="notes">{refs}</ul>
+<h3>{pair_title} (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{drift_table}
+<h3>By condition</h3>{_by_condition_table(m.drift.by_condition)}
+{notes_html}
+{_own_html(m, ctx.comparison)}"""
+
+
+def _separability_section(ctx: ReportContext) -> str:
+    m = ctx.metrics
     own_sep = (
         "<h3>On the Client's own content</h3>" + _separability_table(m.separability_own)
         if m.separability_own
         else ""
     )
+    return f"""
+<h2>Persona separability</h2>{ctx.pointer}
+{ctx.fig("map")}
+{ctx.fig("acc")}
+{_separability_table(m.separability)}
+{own_sep}"""
 
+
+def _echoing_section(ctx: ReportContext) -> str:
+    m = ctx.metrics
     echo = _table(
         [
             "pairing",
@@ -727,61 +779,85 @@ def render_report(
             + (f" — {m.echoing.human_note}" if m.echoing.human_note else "")
             + "."
         )
-    notes = [*m.drift.notes]
-    if m.drift.mode == "probe":
-        notes.append(
-            f"Probe calls: {m.drift.probe_calls}, fallbacks to the utterance: {m.drift.probe_fallbacks}."
-        )
-    notes_html = (
-        "<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""
-    )
-    timings = ", ".join(f"{k} {v:.1f} s" for k, v in m.timings.items())
-    # Group dialogues are left out of drift, separability and echoing (their group forms above).
-    pointer = (
-        "<p class='meta'>Two-party dialogues only: the group dialogues are measured in "
-        "“Group dialogues: role confusion” above.</p>"
-        if has_group(m)
-        else ""
-    )
-    pair_title = html.escape(m.drift.comparison_title())
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>spasm evaluation — {html.escape(Path(m.run_dir).name)}</title>
-<style>{_CSS}</style></head><body>
-<h1>spasm evaluation</h1>
-<p class="meta">{html.escape(m.run_dir)} · {html.escape(m.created_at)} · {html.escape(timings)}</p>
-<h2>Summary</h2>{summary}{group_html(m, group, fig)}
-<h2>Persona drift</h2>{pointer}
-{fig("drift")}
-<ul class="notes">{refs}</ul>
-<h3>{pair_title} (per-dialogue mean drift over Client turns t ≥ 1, paired)</h3>{drift_table}
-<h3>By condition</h3>{by_cond}
-{notes_html}
-{own_html}
-<h2>Persona separability</h2>{pointer}
-{fig("map")}
-{fig("acc")}
-{sep}
-{own_sep}
-<h2>Echoing</h2>{pointer}
-{fig("echo")}
+    return f"""
+<h2>Echoing</h2>{ctx.pointer}
+{ctx.fig("echo")}
 {echo}
 {"".join(f"<p class='meta'>{html.escape(a)}</p>" for a in agreement)}
 <h3>Flagged conversations (up to 10)</h3><ul>{examples}</ul>
 <h3>Echoing onset</h3>
-{fig("onset")}
-{_onset_html(m)}
-<h2>Realism: lexical diversity and diagnostics</h2>
-{_realism_html(m)}
-{human_html(m)}
-{_language_html(m)}
-{_judges_html(m)}
-{outcomes_html(m)}
+{ctx.fig("onset")}
+{_onset_html(m)}"""
+
+
+def _realism_section(ctx: ReportContext) -> str:
+    return f"\n<h2>Realism: lexical diversity and diagnostics</h2>\n{_realism_html(ctx.metrics)}"
+
+
+def _human_section(ctx: ReportContext) -> str:
+    return "\n" + human_html(ctx.metrics)
+
+
+def _language_section(ctx: ReportContext) -> str:
+    return "\n" + _language_html(ctx.metrics)
+
+
+def _judges_section(ctx: ReportContext) -> str:
+    return "\n" + _judges_html(ctx.metrics)
+
+
+def _outcomes_section(ctx: ReportContext) -> str:
+    return "\n" + outcomes_html(ctx.metrics)
+
+
+def _paired_section(ctx: ReportContext) -> str:
+    return f"""
 <h2>Every metric, paired</h2>
-{fig("forest")}
-{paired_html}
-</body></html>
-"""
+{ctx.fig("forest")}
+{_contrasts_html(ctx.comparison)}"""
+
+
+#: The report's sections, in page order (after its title line). A metric adds its section
+#: here (docs/architecture.md, "Adding an extension").
+SECTIONS: list[Section] = [
+    _summary_section,
+    _group_section,
+    _drift_section,
+    _separability_section,
+    _echoing_section,
+    _realism_section,
+    _human_section,
+    _language_section,
+    _judges_section,
+    _outcomes_section,
+    _paired_section,
+]
+
+
+def render_report(
+    metrics: Metrics,
+    per_dialogue: pd.DataFrame,
+    figures: Sequence[ReportFigure] | None = None,
+    comparison: Comparison | None = None,
+    group: GroupFrames | None = None,
+) -> str:
+    """The report as one HTML string (no external resources): its title line, then each of
+    :data:`SECTIONS`. ``figures``: those of :func:`report_figures`, when the caller has drawn
+    them already; ``comparison``: the paired comparison of every metric
+    (:func:`spasm.evaluation.compare.compare_conditions`); ``group``: a group run's
+    per-participant and per-pair rows (its group section's tables)."""
+    m = metrics
+    if figures is None:
+        figures = report_figures(m, per_dialogue, comparison, group)
+    ctx = ReportContext(m, per_dialogue, comparison, group, {f.name: f for f in figures})
+    timings = ", ".join(f"{k} {v:.1f} s" for k, v in m.timings.items())
+    head = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>spasm evaluation — {html.escape(Path(m.run_dir).name)}</title>
+<style>{_CSS}</style></head><body>
+<h1>spasm evaluation</h1>
+<p class="meta">{html.escape(m.run_dir)} · {html.escape(m.created_at)} · {html.escape(timings)}</p>"""
+    return head + "".join(section(ctx) for section in SECTIONS) + "\n</body></html>\n"
 
 
 def write_report(
