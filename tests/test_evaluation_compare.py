@@ -13,7 +13,9 @@ import pytest
 from spasm.dataset.synthetic import write_run
 from spasm.errors import UserError
 from spasm.evaluation import evaluate, register_embedder
-from spasm.evaluation.compare import compare_conditions, load_comparison
+from spasm.evaluation.compare import COMPARED_METRICS, compare_conditions, load_comparison
+from spasm.evaluation.drift import DRIFT_DIMENSIONS
+from spasm.evaluation.realism import REALISM_METRICS
 from spasm.evaluation.stats import cohen_dz_interval, holm
 from spasm.evaluation.testing import LookupEmbedder
 from tests.eval_cli import eval_cli
@@ -33,6 +35,29 @@ def test_cohen_dz_interval_is_the_normal_approximation() -> None:
     half = 1.959964 * math.sqrt(1 / 50 + 0.25 / 100)
     assert (low, high) == pytest.approx((0.5 - half, 0.5 + half), abs=1e-6)
     assert all(math.isnan(v) for v in cohen_dz_interval(0.5, 1))
+
+
+def test_the_compared_columns_derived_from_the_drift_dimensions_are_the_list_as_it_was_spelled() -> None:
+    """COMPARED_METRICS builds its drift_* and *_own names from DRIFT_DIMENSIONS; the order
+    (the order of compare.json, of the report's forest plot and of ``spasm compare``) is the
+    one the list had when it was spelled out."""
+    assert DRIFT_DIMENSIONS == ("utterance", "concerns", "emotion", "motivation")
+    spelled = (
+        "drift_utterance", "drift_concerns", "drift_emotion", "drift_motivation",
+        "drift_utterance_own", "drift_concerns_own", "drift_emotion_own", "drift_motivation_own",
+        "persona_hit_at_1", "persona_hit_at_1_own", "persona_silhouette", "persona_silhouette_own",
+        "echoing", "echo_score", *REALISM_METRICS,
+        "consistency_prompt_to_line", "consistency_prompt_to_line_own", "consistency_line_to_line",
+        "qa_consistency", "language_compliance_client", "language_compliance_responder", "goal_met",
+        "payload_leak", "sim_critical",
+        "group_impersonation", "group_impersonation_share", "group_echo", "group_echo_max",
+        "group_silence", "group_silence_rate", "group_loop", "group_loop_longest",
+        "group_drift_utterance", "group_drift_concerns", "group_drift_emotion", "group_drift_motivation",
+        "group_drift_utterance_own", "group_drift_concerns_own", "group_drift_emotion_own",
+        "group_drift_motivation_own",
+    )
+    assert spelled == COMPARED_METRICS
+    assert len(set(COMPARED_METRICS)) == len(COMPARED_METRICS)
 
 
 def _frame() -> pd.DataFrame:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
+from spasm.evaluation.drift import DRIFT_DIMENSIONS
 from spasm.evaluation.metrics import GoalMetrics, GroupMetrics, Metrics, PairedComparison
 from spasm.evaluation.owncontent import OWN_SUFFIX, own_column
 from spasm.evaluation.realism import REALISM_METRICS
@@ -49,28 +50,23 @@ __all__ = [
 COMPARISON_SCHEMA_VERSION = 1
 ALPHA = 0.05
 
-#: The per-dialogue columns compared, in reporting order (those a run has).
+#: ``drift_<dimension>`` per dialogue, in the order of :data:`~spasm.evaluation.drift.DRIFT_DIMENSIONS`.
+_DRIFT_COLUMNS = tuple(f"drift_{d}" for d in DRIFT_DIMENSIONS)
+
+#: The per-dialogue columns compared, in reporting order (those a run has); the one list of
+#: them (the report's forest plot and ``spasm compare`` read it through :func:`compare_conditions`).
 COMPARED_METRICS: tuple[str, ...] = (
-    "drift_utterance",
-    "drift_concerns",
-    "drift_emotion",
-    "drift_motivation",
+    *_DRIFT_COLUMNS,
     # The same on the Client's own content (copied spans removed; owncontent.py).
-    "drift_utterance_own",
-    "drift_concerns_own",
-    "drift_emotion_own",
-    "drift_motivation_own",
+    *(own_column(c) for c in _DRIFT_COLUMNS),
     # Persona separability per dialogue (its persona retrieved first; its silhouette value),
     # raw and on own content: their means are the group's Acc@1 and silhouette.
-    "persona_hit_at_1",
-    "persona_hit_at_1_own",
-    "persona_silhouette",
-    "persona_silhouette_own",
+    *(name for m in ("persona_hit_at_1", "persona_silhouette") for name in (m, own_column(m))),
     "echoing",
     "echo_score",
     *REALISM_METRICS,
     "consistency_prompt_to_line",
-    "consistency_prompt_to_line_own",
+    own_column("consistency_prompt_to_line"),
     "consistency_line_to_line",
     "qa_consistency",
     "language_compliance_client",
@@ -89,14 +85,8 @@ COMPARED_METRICS: tuple[str, ...] = (
     "group_silence_rate",
     "group_loop",
     "group_loop_longest",
-    "group_drift_utterance",
-    "group_drift_concerns",
-    "group_drift_emotion",
-    "group_drift_motivation",
-    "group_drift_utterance_own",
-    "group_drift_concerns_own",
-    "group_drift_emotion_own",
-    "group_drift_motivation_own",
+    *(f"group_{c}" for c in _DRIFT_COLUMNS),
+    *(f"group_{own_column(c)}" for c in _DRIFT_COLUMNS),
 )
 #: Dialogues of two conditions are the same "experiment" when these agree.
 #: ``scenario_id`` and ``persona_set`` (a group dialogue's client personas) count only in runs
