@@ -9,22 +9,45 @@ the page reads (a table's rows as objects of plain values), and every part that 
 from __future__ import annotations
 
 import json
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+
+from spasm.evaluation.metrics import EchoRate, PairedComparison, SeparabilityGroup
 
 __all__ = ["EvalMetrics", "read_eval_metrics", "readable_metrics"]
 
-#: The tables the overview shows: section -> (where its rows are, the fields each row shows).
-_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "echoing": (("echoing", "rates"), ("pairing", "condition", "n", "n_echoing", "rate", "ci_low",
-                                       "ci_high", "by_client", "by_responder")),
-    "drift": (("drift", "comparisons"), ("dimension", "pairing", "n_pairs", "mean_ecp",
-                                         "mean_concat", "delta", "cohen_d", "p_ttest")),
-    "separability": (("separability",), ("pairing", "condition", "n_conversations", "silhouette",
-                                         "davies_bouldin", "intra_mean", "intra_sd")),
-}
 _SCALAR = (str, int, float, bool)
+
+
+def _is_scalar(annotation: Any) -> bool:
+    """Whether a field's type is plain text, a number, a boolean, a literal or ``None``
+    (or a union of them): a value a table cell shows."""
+    if annotation in (*_SCALAR, type(None)):
+        return True
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return True
+    if origin in (Union, types.UnionType):
+        return all(_is_scalar(a) for a in get_args(annotation))
+    return False
+
+
+def _row_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of a metrics model a table row keeps: its plain values, in the model's order."""
+    return tuple(name for name, info in model.model_fields.items() if _is_scalar(info.annotation))
+
+
+#: The rows of each table the overview shows: the fields of the metrics model of its rows
+#: (:mod:`spasm.evaluation.metrics`, the one declaration of metrics.json).
+_FIELDS: dict[str, tuple[str, ...]] = {
+    "echoing": _row_fields(EchoRate),
+    "drift": _row_fields(PairedComparison),
+    "separability": _row_fields(SeparabilityGroup),
+}
 
 
 @dataclass
@@ -80,11 +103,11 @@ def readable_metrics(raw: Any) -> EvalMetrics:
         "echoing": {
             "method": method if isinstance(method, str) and method else "rule",
             "kappa_human": kappa,
-            "rates": _rows(echo.get("rates"), _TABLES["echoing"][1], "echoing.rates", problems),
+            "rates": _rows(echo.get("rates"), _FIELDS["echoing"], "echoing.rates", problems),
         },
-        "drift": {"comparisons": _rows((drift_raw or {}).get("comparisons"), _TABLES["drift"][1],
+        "drift": {"comparisons": _rows((drift_raw or {}).get("comparisons"), _FIELDS["drift"],
                                        "drift.comparisons", problems)},
-        "separability": _rows(raw.get("separability"), _TABLES["separability"][1], "separability",
+        "separability": _rows(raw.get("separability"), _FIELDS["separability"], "separability",
                               problems),
     }
     return EvalMetrics(data, problems)
