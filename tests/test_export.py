@@ -44,6 +44,13 @@ def export(run: Path, out: Path, *flags: str) -> int:
     return main(["export", str(run), "--out", str(out), *flags])
 
 
+def data_file(out: Path, folder: str, split: str = "train") -> Path:
+    """An export's one data file of ``split`` under ``folder`` (``data`` for hf): the files the
+    card's ``configs`` names carry a digest of their content in their name."""
+    [path] = [p for p in (out / folder).iterdir() if p.name.startswith((f"{split}.", f"{split}-"))]
+    return path
+
+
 def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -75,7 +82,7 @@ def test_openai_export_passes_the_openai_format_checks(planted: Path, tmp_path: 
     dialogues = run.dialogues.set_index("dialogue_id")
     turns = run.turns.sort_values(["dialogue_id", "turn_index"])
     examples = lines(path)
-    meta = pq.read_table(out / "data" / "train-00000-of-00001.parquet").to_pylist()  # same order
+    meta = pq.read_table(data_file(out, "data")).to_pylist()  # same order
     assert len(examples) == len(meta) == card(out)["conversations"] * (2 if role == "both" else 1)
     assert {m["role"] for m in meta} == ({"responder", "client"} if role == "both" else {role})
     for ex, row in zip(examples, meta, strict=True):
@@ -98,7 +105,7 @@ def test_the_exported_frame_is_exactly_what_the_agent_saw(clean: Path, tmp_path:
     out = tmp_path / "out"
     assert export(clean, out, "--format", "openai", "--role", "both", "--split", "1") == 0
     run = open_run(clean)
-    examples = lines(out / "openai" / "train.jsonl")
+    examples = lines(data_file(out, "openai"))
     checked = 0
     for did in run.dialogues[run.dialogues.condition == "ecp"].dialogue_id:
         view = run.dialogue(did)
@@ -118,7 +125,7 @@ def test_the_client_perspective_has_the_persona_card_as_system_prompt(clean: Pat
     assert export(clean, out, "--format", "openai,sharegpt", "--role", "client", "--split", "1") == 0
     run = open_run(clean)
     cards = set(run.personas.card)
-    for ex in lines(out / "openai" / "train.jsonl"):
+    for ex in lines(data_file(out, "openai")):  # the first JSONL format: the card's configs
         system, opening = ex["messages"][0]["content"], ex["messages"][1]
         assert any(c in system for c in cards) and "Do not give advice" in system
         assert opening["role"] == "user" and opening["content"].startswith("The conversation starts now")
@@ -127,7 +134,7 @@ def test_the_client_perspective_has_the_persona_card_as_system_prompt(clean: Pat
     assert [c["from"] for c in share[0]["conversations"][:4]] == ["system", "human", "gpt", "human"]
     assert main(["export", str(clean), "--out", str(tmp_path / "o2"), "--format", "openai",
                  "--no-system-prompt", "--split", "1"]) == 0
-    assert all(e["messages"][0]["role"] == "user" for e in lines(tmp_path / "o2" / "openai" / "train.jsonl"))
+    assert all(e["messages"][0]["role"] == "user" for e in lines(data_file(tmp_path / "o2", "openai")))
 
 
 def test_check_reports_every_kind_of_problem(tmp_path: Path, capsys: Any) -> None:
@@ -185,7 +192,7 @@ def test_kept_findings_are_trained_with_weight_zero(planted: Path, tmp_path: Pat
                   "--split", "1") == 0
     assert card(out)["dropped"] == {}
     weights = {}
-    for ex in lines(out / "openai" / "train.jsonl"):
+    for ex in lines(data_file(out, "openai")):
         for m in ex["messages"]:
             if m["role"] == "assistant":
                 weights[m["content"]] = m["weight"]
@@ -193,7 +200,7 @@ def test_kept_findings_are_trained_with_weight_zero(planted: Path, tmp_path: Pat
     for content, w in weights.items():
         leaked = "As an AI language model" in content or "care and competence" in content
         assert w == (0 if leaked else 1), content
-    assert main(["export", "--check", str(out / "openai" / "train.jsonl")]) == 0
+    assert main(["export", "--check", str(data_file(out, "openai"))]) == 0
 
 
 # --------------------------------------------------------------------------- hf and splits
@@ -343,7 +350,7 @@ def test_an_existing_output_or_an_unfinished_run_is_refused(clean: Path, tmp_pat
     (out / "keep.txt").unlink()
     assert export(clean, out, "--format", "openai") == 0
     assert export(clean, out, "--overwrite", "--format", "openai") == 0
-    assert (out / "openai" / "train.jsonl").exists()
+    assert data_file(out, "openai").exists()
     assert export(clean, clean) == 2
     unfinished = _mixed_run(tmp_path / "unfinished")
     manifest = json.loads((unfinished / "manifest.json").read_text())

@@ -19,6 +19,7 @@ from spasm.export.formats import TURN_SEPARATOR, alternate
 from spasm.export.trainers import llamafactory_keeps
 from spasm.testing import TestServer
 from tests.conftest import endpoint_config
+from tests.test_export import data_file
 from tests.test_group import IDS, _group_data
 
 datasets = pytest.importorskip("datasets")
@@ -50,7 +51,7 @@ def export(run: Path, out: Path, *flags: str) -> int:
 
 
 def load(out: Path) -> Any:
-    return datasets.load_dataset("parquet", data_files=str(out / "data" / "train-00000-of-00001.parquet"),
+    return datasets.load_dataset("parquet", data_files=str(data_file(out, "data")),
                                  split="train")
 
 

@@ -175,8 +175,13 @@ def test_the_export_folder_is_uploaded_as_it_is(run: Path, tmp_path: Path, hub: 
     assert repo["type"] == "dataset" and repo["visibility"] == "private"
     uploaded = hub.files("me/spasm-test")
     assert uploaded == local_files(out)  # card, splits, configs: byte for byte
-    assert {"README.md", "card.json", "dataset_info.json", "data/train-00000-of-00001.parquet",
-            "openai/train.jsonl", "sharegpt/train.jsonl"} <= set(uploaded)
+    assert {"README.md", "card.json", "dataset_info.json", "openai/train.jsonl",
+            "sharegpt/train.jsonl"} <= set(uploaded)
+    # The Parquet files the card's configs names carry their content's digest in their name.
+    [parquet] = [p for p in uploaded if p.startswith("data/train-00000-of-00001-")]
+    digest = hashlib.sha256(uploaded[parquet]).hexdigest()[:12]
+    assert parquet == f"data/train-00000-of-00001-{digest}.parquet"
+    assert f"path: {parquet}" in uploaded["README.md"].decode()
     assert not any(p.startswith(".") for p in uploaded)  # the output marker stays local
     assert hub.auth == {f"Bearer {TOKEN}"}
     # The card's axolotl block names the Hub repo, so it loads from there.
@@ -194,7 +199,7 @@ def test_a_revision_goes_to_its_branch_and_stale_export_files_are_deleted(
     assert push(run, out, hub, "--hub-token-env", "MY_HUB_KEY", "--revision", "v1") == 0
     assert hub.files("me/spasm-test", "main") == {}
     first = hub.files("me/spasm-test", "v1")
-    assert "data/test-00000-of-00001.parquet" in first
+    assert any(p.startswith("data/test-00000-of-00001-") for p in first)
     hub.repos["me/spasm-test"]["branches"]["v1"]["notes/mine.txt"] = b"a file the user added"
     # A second export with one split: the old validation/test files go, the user's file stays.
     assert push(run, out, hub, "--hub-token-env", "MY_HUB_KEY", "--revision", "v1", "--overwrite",

@@ -4,6 +4,7 @@ OpenAI's data-preparation checks count (issue 20)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib.util import find_spec
 from pathlib import Path
@@ -16,6 +17,7 @@ import yaml
 from spasm.cli import main
 from spasm.dataset import open_run
 from spasm.export.pipeline import ExportOptions
+from tests.test_export import data_file
 from tests.test_qa import generate_run
 
 datasets = pytest.importorskip("datasets")
@@ -45,7 +47,7 @@ def card(out: Path) -> dict[str, Any]:
 
 
 def hf_rows(out: Path, split: str = "train") -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = pq.read_table(out / "data" / f"{split}-00000-of-00001.parquet").to_pylist()
+    rows: list[dict[str, Any]] = pq.read_table(data_file(out, "data", split)).to_pylist()
     return rows
 
 
@@ -260,7 +262,7 @@ def test_without_weights_the_card_says_flagged_turns_are_trained(planted: Path, 
     out = tmp_path / "out"
     assert export(planted, out, "--allow-qa", "ai_identity,prompt_leak") == 0
     assert "weight" not in json.dumps(lines(out / "openai" / "train.jsonl"))
-    assert "weights" not in pq.read_schema(out / "data" / "train-00000-of-00001.parquet").names
+    assert "weights" not in pq.read_schema(data_file(out, "data")).names
     assert set(hf_rows(out)[0]["messages"][0]) == {"role", "content"}
     assert card(out)["masks"]["untrained_turns"] > 0
     readme = (out / "README.md").read_text()
@@ -293,8 +295,8 @@ def test_system_prompt_drop_is_the_old_no_system_prompt(clean: Path, tmp_path: P
     a, b = tmp_path / "a", tmp_path / "b"
     assert export(clean, a, "--system-prompt", "drop") == 0
     assert export(clean, b, "--no-system-prompt") == 0
-    for rel in ("openai/train.jsonl", "sharegpt/train.jsonl", "data/train-00000-of-00001.parquet"):
-        assert (a / rel).read_bytes() == (b / rel).read_bytes()
+    for folder in ("openai", "sharegpt", "data"):
+        assert data_file(a, folder).read_bytes() == data_file(b, folder).read_bytes()
     assert all(e["messages"][0]["role"] == "user" for e in lines(a / "openai" / "train.jsonl"))
     capsys.readouterr()
     assert export(clean, tmp_path / "c", "--no-system-prompt", "--system-prompt", "merge") == 2
@@ -379,6 +381,30 @@ def test_identical_exports_are_byte_identical_and_only_the_cards_paths_differ_el
     assert other.keys() == first.keys()
     assert [k for k in first if first[k] != other[k]] == [Path("README.md")]
     assert other[Path("README.md")] == first[Path("README.md")].replace(str(a).encode(), str(b).encode())
+
+
+@pytest.mark.parametrize("fmt", ["openai,sharegpt,hf", "openai"])
+def test_load_dataset_of_the_folder_sees_a_re_export_with_overwrite(
+        clean: Path, tmp_path: Path, fmt: str) -> None:
+    """``datasets`` caches a folder's ``configs`` by its data files' names (issue 28 item 10): the
+    files the card names carry their content's digest, so a re-export under --overwrite loads
+    its own rows, not the earlier export's, with the same cache."""
+    out, cache = tmp_path / "out", str(tmp_path / "hf-cache")
+    assert export(clean, out, "--format", fmt) == 0
+    first = datasets.load_dataset(str(out), cache_dir=cache)["train"]
+    assert first[0]["messages"][0]["content"] == lines(data_file(out, "openai"))[0]["messages"][0]["content"]
+    named = data_file(out, "data" if "hf" in fmt else "openai")
+    header = yaml.safe_load((out / "README.md").read_text().split("---")[1])
+    digest = hashlib.sha256(named.read_bytes()).hexdigest()[:12]
+    assert named.stem.endswith(f"-{digest}")
+    rel = f"{named.parent.name}/{named.name}"
+    assert header["configs"][0]["data_files"] == [{"split": "train", "path": rel}]
+    assert export(clean, out, "--format", fmt, "--overwrite", "--role", "client") == 0
+    again = datasets.load_dataset(str(out), cache_dir=cache)["train"]
+    client = lines(data_file(out, "openai"))
+    assert [r["messages"] for r in again] == [e["messages"] for e in client]
+    assert again[0]["messages"][0]["content"] != first[0]["messages"][0]["content"]  # the client's card
+    assert not named.exists()  # the earlier export's file went with it
 
 
 # --------------------------------------------------------------------------- 7. the smoke benchmark

@@ -88,7 +88,7 @@ def test_export_overwrite_never_deletes_a_run_or_a_folder_of_other_files(
     assert main(["export", str(run), "--out", str(out)]) == 0
     assert json.loads((out / OUTPUT_MARKER).read_text()) == {"written_by": "spasm export"}
     assert main(["export", str(run), "--out", str(out), "--format", "openai", "--overwrite"]) == 0
-    assert (out / "openai" / "train.jsonl").exists() and not (out / "sharegpt").exists()
+    assert len(list((out / "openai").glob("train-*.jsonl"))) == 1 and not (out / "sharegpt").exists()
     assert not list(tmp_path.glob(".export.*"))
 
 

@@ -242,7 +242,8 @@ def test_a_plugins_scan_format_and_embedder_are_found_from_python_without_the_cl
         assert [(f.kind, f.evidence) for f in found] == [("demo_fruit", "kiwi")]
     elif use == "format":
         export_run(run, tmp_path / "out", ExportOptions(formats=["demo_lines"]))
-        records = [json.loads(line) for line in (tmp_path / "out" / "demo_lines" / "train.jsonl").open()]
+        [path] = (tmp_path / "out" / "demo_lines").glob("train-*.jsonl")  # the card's configs: digest
+        records = [json.loads(line) for line in path.open()]
         assert records and all(" / " in r["text"] for r in records)
     else:
         metrics = evaluate(run, embedder="demo_hash", progress=False, write=False)

@@ -26,9 +26,13 @@ Layout of the output directory::
     README.md                         dataset card with the Hub's YAML header (and axolotl's block)
     card.json                         every number on the card
     dataset_info.json                 LLaMA-Factory's dataset entries
-    data/{split}-00000-of-00001.parquet   hf format (datasets.load_dataset(DIR))
+    data/{split}-00000-of-00001-{digest}.parquet   hf format (datasets.load_dataset(DIR))
     openai/{split}.jsonl              OpenAI chat fine-tuning format
     sharegpt/{split}.jsonl            ShareGPT
+
+The files the card's ``configs:`` block names (hf's, else the first JSONL format's) carry the
+first 12 hex digits of their SHA-256 in their name: ``datasets`` caches a folder's configs by
+file name, so a re-export under the same names would load the earlier export's rows.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from spasm.config import PARTICIPANT_ID
 from spasm.dataset import Run, open_run
 from spasm.dataset.files import atomic_write, atomic_write_json, atomic_write_table, atomic_write_text
+from spasm.dataset.integrity import file_sha256
 from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import aside_path, check_output, finish_replacement, mark_output
 from spasm.dataset.reader import events_by_dialogue, participant_viewer
@@ -88,6 +93,7 @@ from spasm.export.split import SPLIT_NAMES, assign_splits
 from spasm.export.stream import Turn, iter_dialogues, turn_index
 from spasm.export.tooluse import offered_tools, run_tools, tools_for
 from spasm.export.trainers import (
+    DataFiles,
     axolotl_datasets,
     format_path,
     llamafactory_dataset_info,
@@ -95,7 +101,8 @@ from spasm.export.trainers import (
 )
 from spasm.projection import Viewer
 
-__all__ = ["ExportOptions", "ExportSummary", "export_run", "hub_configs"]
+__all__ = ["DIGEST_DIGITS", "ExportOptions", "ExportSummary", "configured_format", "export_run",
+           "hub_configs"]
 
 _CHUNK_SCHEMA = pa.schema([
     ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
@@ -392,9 +399,15 @@ def _examples(chunks: list[Path]) -> Iterator[list[Example]]:
         yield out
 
 
+#: Hex digits of a data file's SHA-256 in its name.
+DIGEST_DIGITS = 12
+
+
 def _write_format(
-    fmt: ExportFormat, split: str, chunks: list[Path], options: FormatOptions, stage: Path
-) -> Path:
+    fmt: ExportFormat, split: str, chunks: list[Path], options: FormatOptions, stage: Path, *, digest: bool
+) -> str:
+    """Write a format's file of ``split``; its path in ``stage`` (with ``digest``, the content's
+    digest in its name)."""
     rel = format_path(fmt, split)
 
     def records(examples: list[Example]) -> list[dict[str, Any]]:
@@ -412,16 +425,25 @@ def _write_format(
                 writer.write_table(pa.Table.from_pylist(records(examples), schema))
 
     atomic_write(stage / rel, write_jsonl if fmt.layout == "jsonl" else write_parquet)
-    return Path(rel)
+    if not digest:
+        return rel
+    named = format_path(fmt, split, file_sha256(stage / rel)[:DIGEST_DIGITS])
+    os.replace(stage / rel, stage / named)
+    return named
 
 
-def hub_configs(formats: list[ExportFormat], splits: list[str]) -> list[dict[str, Any]]:
-    """The card's ``configs``: one ``default`` config over the hf files (else the first JSONL
-    format), which ``datasets.load_dataset(DIR)`` and the Hub load. Only one: ``datasets`` picks
-    one builder for a folder, so a JSONL config beside Parquet ones would not load."""
-    fmt = sorted(formats, key=lambda f: f.layout != "parquet")[0]
-    files = [{"split": s, "path": format_path(fmt, s)} for s in splits]
-    return [{"config_name": "default", "data_files": files}]
+def configured_format(formats: list[ExportFormat]) -> ExportFormat:
+    """The format the card's ``configs`` names: hf (a Parquet format), else the first JSONL one."""
+    return sorted(formats, key=lambda f: f.layout != "parquet")[0]
+
+
+def hub_configs(formats: list[ExportFormat], splits: list[str], files: DataFiles) -> list[dict[str, Any]]:
+    """The card's ``configs``: one ``default`` config over the files of :func:`configured_format`,
+    which ``datasets.load_dataset(DIR)`` and the Hub load. Only one: ``datasets`` picks one
+    builder for a folder, so a JSONL config beside Parquet ones would not load."""
+    fmt = configured_format(formats)
+    data_files = [{"split": s, "path": files[fmt.name, s]} for s in splits]
+    return [{"config_name": "default", "data_files": data_files}]
 
 
 def _check(chunks: dict[str, list[Path]], names: list[str], options: FormatOptions,
@@ -504,17 +526,20 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
         names = [s for s in SPLIT_NAMES if s in built.chunks]
         fopts = FormatOptions(system_prompt=options.system_prompt, weights=options.weights,
                               group=bool(seats), names=built.named, tools=run.has("events"))
-        files = [_write_format(f, s, built.chunks[s], fopts, stage) for f in formats for s in names]
+        configured = configured_format(formats)
+        data = {(f.name, s): _write_format(f, s, built.chunks[s], fopts, stage, digest=f is configured)
+                for f in formats for s in names}
+        files = list(data.values())
         check = None
         if hub is not None or options.token_limit is not None:
             check = _check(built.chunks, names, fopts, options.token_limit)
-        info = llamafactory_dataset_info(formats, names, weights=options.weights,
+        info = llamafactory_dataset_info(formats, names, data, weights=options.weights,
                                          tools=fopts.tools)
         if info:
             atomic_write_json(stage / "dataset_info.json", info)
-            files.append(Path("dataset_info.json"))
+            files.append("dataset_info.json")
         base = hub.repo_id if hub else out.as_posix()
-        axolotl = axolotl_datasets(formats, names, base, hub=hub is not None, weights=options.weights)
+        axolotl = axolotl_datasets(formats, names, data, base, hub=hub is not None, weights=options.weights)
         stats = card_stats(
             run, kept, built.utterances, built.words,
             examples=sum(v["examples"] for v in built.splits.values()),
@@ -534,7 +559,7 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
             trainer_configs=sorted(info) if info else [],
             group=_group_stats(options.role, seats, set(result.kept), built) if seats else None,
         )
-        card_text = render_card(stats, configs=hub_configs(formats, names), axolotl=axolotl)
+        card_text = render_card(stats, configs=hub_configs(formats, names, data), axolotl=axolotl)
         atomic_write_text(stage / "README.md", card_text)
         mark_output(stage, "export")  # so a later --overwrite may replace this, and only this
         # Not the scan's time: identical runs give identical exports (it is in the run's qa table).
@@ -548,7 +573,7 @@ def export_run(run_dir: str | Path, out: str | Path, options: ExportOptions | No
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    summary = ExportSummary(out=str(out), files=["README.md", "card.json", *map(str, files)], stats=stats,
+    summary = ExportSummary(out=str(out), files=["README.md", "card.json", *files], stats=stats,
                             check=check)
     if check is not None and not check.passed:
         raise RunError(f"the export in {out} fails OpenAI's chat fine-tuning checks"

@@ -10,20 +10,26 @@
   ``type: chat_template`` with the field and role mappings of one format (openai first, then
   sharegpt, then hf); with weights, ``message_field_training: weight`` on the OpenAI and
   Parquet files so that a turn with weight 0 is not trained. The card shows the block.
+
+Each takes the files as written (:data:`DataFiles`): the data files the card's ``configs:``
+block names carry a digest of their content in their name (:func:`format_path`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spasm.export.formats import ExportFormat
 from spasm.export.tooluse import SHAREGPT_TOOL_TAGS
 
-__all__ = ["AXOLOTL_PREFERENCE", "axolotl_datasets", "format_path", "llamafactory_dataset_info",
+__all__ = ["AXOLOTL_PREFERENCE", "DataFiles", "axolotl_datasets", "format_path", "llamafactory_dataset_info",
            "llamafactory_keeps"]
 
-FORMAT_PATHS = {"jsonl": "{name}/{split}.jsonl", "parquet": "data/{split}-00000-of-00001.parquet"}
+FORMAT_PATHS = {"jsonl": "{name}/{split}{digest}.jsonl",
+                "parquet": "data/{split}-00000-of-00001{digest}.parquet"}
+#: Every data file written: (format name, split) → its path in the output directory.
+DataFiles = Mapping[tuple[str, str], str]
 #: The format an axolotl block reads, in order of preference.
 AXOLOTL_PREFERENCE = ("openai", "sharegpt", "hf")
 _TAGS = {
@@ -45,9 +51,11 @@ def llamafactory_keeps(messages: Sequence[dict[str, Any]]) -> bool:
         m["role"] in sides[k % 2] for k, m in enumerate(body))
 
 
-def format_path(fmt: ExportFormat, split: str) -> str:
-    """Where a format's file of ``split`` lies in the output directory."""
-    return FORMAT_PATHS[fmt.layout].format(name=fmt.name, split=split)
+def format_path(fmt: ExportFormat, split: str, digest: str | None = None) -> str:
+    """Where a format's file of ``split`` lies in the output directory: with ``digest`` (of the
+    file's content) in its name, as for the files the card's ``configs:`` block names, so that
+    ``datasets``, which caches a folder's configs by file name, sees a re-export."""
+    return FORMAT_PATHS[fmt.layout].format(name=fmt.name, split=split, digest=f"-{digest}" if digest else "")
 
 
 def _known(formats: Sequence[ExportFormat]) -> list[ExportFormat]:
@@ -55,7 +63,8 @@ def _known(formats: Sequence[ExportFormat]) -> list[ExportFormat]:
 
 
 def llamafactory_dataset_info(
-    formats: Sequence[ExportFormat], splits: Sequence[str], *, weights: bool, tools: bool = False
+    formats: Sequence[ExportFormat], splits: Sequence[str], files: DataFiles, *, weights: bool,
+    tools: bool = False,
 ) -> dict[str, Any]:
     """LLaMA-Factory's ``dataset_info.json`` for the files written (empty: none it can read).
     A tool export (``tools``) lists only the ShareGPT files, whose ``function_call`` and
@@ -72,7 +81,7 @@ def llamafactory_dataset_info(
     for fmt in known:
         for split in splits:
             entry: dict[str, Any] = {
-                "file_name": format_path(fmt, split),
+                "file_name": files[fmt.name, split],
                 "formatting": "sharegpt",
                 "columns": {"messages": _MESSAGES[fmt.name]},
                 "tags": dict(_TAGS["sharegpt" if fmt.name == "sharegpt" else "role"]),
@@ -108,7 +117,8 @@ def _axolotl_entry(fmt: ExportFormat, rel: str, base: str, *, hub: bool, weights
 
 
 def axolotl_datasets(
-    formats: Sequence[ExportFormat], splits: Sequence[str], base: str, *, hub: bool = False, weights: bool
+    formats: Sequence[ExportFormat], splits: Sequence[str], files: DataFiles, base: str, *, hub: bool = False,
+    weights: bool,
 ) -> dict[str, Any]:
     """axolotl's ``datasets:`` (train) and ``test_datasets:`` (validation) for one format, its
     files under ``base``: the output directory as given, or with ``hub`` a Hub repo id. Empty
@@ -120,5 +130,5 @@ def axolotl_datasets(
     out: dict[str, Any] = {}
     for key, split in (("datasets", "train"), ("test_datasets", "validation")):
         if split in splits:
-            out[key] = [_axolotl_entry(fmt, format_path(fmt, split), base, hub=hub, weights=weights)]
+            out[key] = [_axolotl_entry(fmt, files[fmt.name, split], base, hub=hub, weights=weights)]
     return out
