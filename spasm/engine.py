@@ -24,12 +24,12 @@ import anyio
 import anyio.to_thread
 from tqdm import tqdm
 
-from spasm.acting import check_tools, tool_changes, tools_record
+from spasm.acting import check_tools
 from spasm.backends import Backend
 from spasm.calls import Cache, Caller, CallScope
 from spasm.config import RunConfig, config_differences
 from spasm.dataset.files import atomic_write_json as write_json
-from spasm.dataset.lock import LOCK_FILE, RunLock
+from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import aside_path, check_output, finish_replacement
 from spasm.dataset.store import RunStore
 from spasm.errors import (
@@ -46,16 +46,14 @@ from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas, buil
 from spasm.personas import load_schema
 from spasm.personas.sources import SourceCandidate, SourcePersonas, load_source
 from spasm.plugins import load_plugins
+from spasm.resume import ResumeCheck, schema_digest
 from spasm.run_summary import RunSummary, manifest_record, pacing_note, progress_lines
 from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
-from spasm.runplan import Shard, legacy_dialogue_id, make_backends, plan, resume_check
+from spasm.runplan import Shard, make_backends, plan
 from spasm.scenarios import (
     SCENARIO_COLUMN,
-    digest_record,
     own_scenario,
     run_scenarios,
-    scenario_changes,
-    scenarios_record,
 )
 
 __all__ = ["TABLES", "Engine", "RunSummary", "config_differences", "make_backends", "plan"]
@@ -150,199 +148,29 @@ class Engine:
 
     # -- set-up ----------------------------------------------------------------------------
     def _check_run_dir(self) -> bool:
-        """Decide what to do with an existing ``--out``: ``True`` when it must be replaced."""
-        if self.run_dir.exists() and not self.run_dir.is_dir():
-            raise UserError(f"--out {self.run_dir} is a file; name a directory for the run.")
-        check_output(self.run_dir, "generate", overwrite=self.overwrite)
-        self._scenarios = scenarios_record(self.config)
-        self._tools = tools_record(self.config, run_scenarios(self.config))
-        self._personas_source = self._source_record()
-        cfg_file = self.run_dir / "config.json"
-        if not cfg_file.exists():
-            if self.run_dir.exists() and any(
-                p.name != LOCK_FILE for p in self.run_dir.iterdir()
-            ) and not self.overwrite:
-                raise UserError(
-                    f"{self.run_dir} exists and is not a spasm run directory; choose another "
-                    "--out or pass --overwrite."
-                )
-            return self.overwrite and self.run_dir.exists()
-        try:
-            old = json.loads(cfg_file.read_text(encoding="utf-8"))
-            assert isinstance(old, dict)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AssertionError):
-            if self.overwrite:
-                return True
-            raise UserError(
-                f"{cfg_file} is damaged, so the run cannot be resumed safely. Pass --overwrite to "
-                "replace the run, or use another --out."
-            ) from None
-        if old.get("fingerprint") != self.config.fingerprint():
-            if not self.overwrite:
-                changed = config_differences(old.get("config"), self.config.redacted())
-                raise UserError(
-                    f"{self.run_dir} holds a run with a different config ({changed}), so it "
-                    "cannot be resumed. Use another --out, or --overwrite to replace it."
-                )
-            return True
-        if not self.overwrite:  # resuming: the same shard (or none) as before
-            self._shard_record = resume_check(self.run_dir, self.shard)
-            self._refuse_legacy_ids()
-            self._check_schema(old.get("persona_schema"))
-            self._check_scenarios()
-            self._check_tools()
-            self._check_personas_source()
-        return self.overwrite
-
-    def _source_record(self) -> dict[str, Any] | None:
-        """What the manifest records of the rows of ``personas.source`` (by source id, as the
-        file gives them: an edited, added or removed row changes it); ``None`` without one."""
-        pc = self.config.personas
-        if pc.source is None:
-            return None
-        source = load_source(pc.source, load_schema(pc.schema_file), pc.field_map)
-        self._loaded_source = source
-        rows: dict[str, Any] = {c.source_id: c.raw for c in source.accepted}
-        for r in source.rejected:  # a rejected row edited into a usable one counts as well
-            rows[str(r["source_id"])] = {k: v for k, v in r.items() if k not in ("draw", "reasons")}
-        return digest_record(pc.source, rows)
-
-    def _manifest_record(self, key: str) -> dict[str, Any] | None:
-        """The record the run's manifest keeps under ``key``, or ``None`` (no manifest yet, an
-        unreadable one, or an older manifest without it)."""
-        try:
-            manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return None
-        stored = manifest.get(key) if isinstance(manifest, dict) else None
-        return stored if isinstance(stored, dict) and isinstance(stored.get("sha256"), str) else None
-
-    def _check_personas_source(self) -> None:
-        """A resumed run keeps the personas it read from ``personas.source``: an edit of the
-        file would change nothing ("0 new"), so it is refused, as a scenario file's is."""
-        now = self._personas_source
-        if now is None or not self.store.parts("personas"):
-            return  # no source, or no personas stored yet: they are read from the file as it is
-        stored = self._manifest_record("personas_source")
-        if stored is None:
-            self._personas_source = None  # an older run: no record, so no check
-            return
-        if stored["sha256"] == now["sha256"]:
-            return
-        raise UserError(
-            f"the persona file {self.config.personas.source} changed since {self.run_dir} was "
-            f"started ({scenario_changes(stored, now, 'rows')}); its stored personas are the rows "
-            "as they were, so resuming would not apply the edit. Restore the file as it was to "
-            "resume, or start a new run with another --out (or --overwrite to replace this one)."
-        )
-
-    def _schema_digest(self) -> str:
-        """The persona schema's content (as parsed: comments and layout do not count)."""
-        import hashlib
-
-        schema = load_schema(self.config.personas.schema_file)
-        return hashlib.sha256(schema.model_dump_json().encode()).hexdigest()[:16]
-
-    def _check_schema(self, drawn_with: Any) -> None:
-        """A resumed run keeps the personas it drew: say so when the schema changed since
-        (the config names the schema file, so its fingerprint cannot see an edit)."""
-        if not isinstance(drawn_with, str) or not self.store.parts("personas"):
-            return  # an older run, or no personas yet (they will be drawn from this schema)
-        self._persona_schema = drawn_with  # what the stored personas were drawn from
-        if drawn_with != self._schema_digest():
-            log.warning(
-                "the persona schema %s changed since %s drew its personas; they are kept, so the "
-                "edit does not apply to this run. Restore the schema, or pass --overwrite (or "
-                "another --out) to draw the personas again.",
-                self.config.personas.schema_file or "(bundled)", self.run_dir)
-
-    def _check_scenarios(self) -> None:
-        """A resumed run runs the scenarios its stored dialogues ran: the config names a
-        scenario file, so its fingerprint cannot see an edit; the digest its manifest records
-        can. A run whose manifest records none (an older run) resumes unchecked and goes on
-        recording none."""
-        try:
-            manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return  # killed before its first manifest: nothing ran, record the scenarios now
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            if self._scenarios is not None and self.store.parts("dialogues"):
-                log.warning("%s/manifest.json cannot be read (%s), so the scenarios its stored "
-                            "dialogues ran cannot be checked against %s; they are recorded anew.",
-                            self.run_dir, exc, self._scenarios["source"])
-            return
-        if not isinstance(manifest, dict):
-            return
-        stored = manifest.get("scenarios")
-        if not isinstance(stored, dict) or not isinstance(stored.get("sha256"), str):
-            self._scenarios = None  # an older run: no record, so no check
-            return
-        now = self._scenarios or {"source": "(no scenarios)", "count": 0, "sha256": ""}
-        if stored["sha256"] == now["sha256"] or not self.store.parts("dialogues"):
-            return  # the same scenarios, or no dialogue ran with the old ones
-        source = stored.get("source") or now["source"]
-        where = "the config's inline scenarios" if source == "config" else f"the scenario file {source}"
-        raise UserError(
-            f"{where} changed since {self.run_dir} was started ({scenario_changes(stored, now)}); "
-            "its stored dialogues ran the scenarios as they were, so resuming would mix the two "
-            "under the same scenario ids. Restore the file as it was to resume, or start a new "
-            "run with another --out (or --overwrite to replace this one)."
-        )
-
-    def _check_tools(self) -> None:
-        """A resumed run with tools runs the tools and worlds its stored dialogues ran (their
-        files are named by path: the fingerprint cannot see an edit, the manifest's digest
-        can)."""
-        if self._tools is None or not self.store.parts("dialogues"):
-            return
-        try:
-            manifest = json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return  # no readable manifest: nothing to compare with (recorded anew)
-        stored = manifest.get("tools") if isinstance(manifest, dict) else None
-        if not isinstance(stored, dict) or stored.get("sha256") == self._tools["sha256"]:
-            return
-        raise UserError(
-            f"the tools or worlds changed since {self.run_dir} was started "
-            f"({tool_changes(stored, self._tools)}); its stored dialogues acted with them as they "
-            "were, so resuming would mix the two. Restore the files to resume, or start a new run "
-            "with another --out (or --overwrite to replace this one).")
-
-    def _refuse_legacy_ids(self) -> None:
-        """A run whose dialogue ids an older spasm built with unescaped ``-`` in backend names
-        is refused: resuming it would not recognise one stored dialogue and pay for all again."""
-        names = {*self.config.backends, *self.config.conditions}
-        if not any("-" in n or "%" in n for n in names):
-            return  # the ids are the same in every version
-        try:
-            table = self.store.read("personas")
-            personas = table.to_pylist() if table is not None else []
-            done = self.store.done_dialogue_ids() if personas else set()
-        except Exception:  # a damaged part: repaired (and its dialogues redone) by _run
-            return
-        stale = done - {s.dialogue_id for s in plan(self.config, personas, self.shard)}
-        if not stale:
-            return
-        legacy = stale & {s.dialogue_id for s in plan(
-            self.config, personas, self.shard, ids=legacy_dialogue_id)}
-        if legacy:
-            raise UserError(
-                f"{self.run_dir} was written by an older spasm, whose dialogue ids join backend "
-                f"names containing '-' unescaped (e.g. {min(legacy)!r}), so a resume would not "
-                f"recognise its {len(legacy):,} stored dialogues and would generate them again. "
-                "Use another --out, or --overwrite to regenerate the run."
-            )
+        """Decide what to do with an existing ``--out`` (:class:`spasm.resume.ResumeCheck`):
+        ``True`` when it must be replaced; keeps what the checks found for the manifest."""
+        check = ResumeCheck(self.config, self.run_dir, self.store, self.shard,
+                            overwrite=self.overwrite)
+        replace = check.check()
+        self._shard_record = check.shard_record
+        self._persona_schema = check.persona_schema
+        self._scenarios = check.scenarios
+        self._tools = check.tools
+        self._personas_source = check.personas_source
+        self._loaded_source = check.loaded_source
+        return replace
 
     def _manifest(self, summary: RunSummary, caller: Caller, status: str, started: str) -> None:
         record = manifest_record(
             summary, caller, self.config, status=status, started=started,
             shard=self._shard_record, tables=self.tables,
         )
-        if self._scenarios is not None:  # checked when the run is resumed (_check_scenarios)
+        if self._scenarios is not None:  # checked when the run is resumed (ResumeCheck)
             record["scenarios"] = self._scenarios
-        if self._tools is not None:  # and this (_check_tools)
+        if self._tools is not None:  # and this
             record["tools"] = self._tools
-        if self._personas_source is not None:  # and this (_check_personas_source)
+        if self._personas_source is not None:  # and this
             record["personas_source"] = self._personas_source
         write_json(self.run_dir / "manifest.json", record)
 
@@ -525,7 +353,7 @@ class Engine:
         write_json(
             self.run_dir / "config.json",
             {"fingerprint": self.config.fingerprint(), "config": self.config.redacted(),
-             "persona_schema": self._persona_schema or self._schema_digest()},
+             "persona_schema": self._persona_schema or schema_digest(self.config)},
         )
         ec = self.config.engine
         cache = Cache(self.run_dir / "cache.sqlite") if ec.cache else None

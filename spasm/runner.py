@@ -10,8 +10,6 @@ termination chain and the session, and never sees the config, the plan or the ha
 from __future__ import annotations
 
 import json
-import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +24,7 @@ from spasm.agents import (
     group_responder_system_prompt,
     responder_system_prompt,
 )
+from spasm.bugs import report_bug
 from spasm.calls import Caller
 from spasm.config import PairingConfig, ParticipantConfig, RunConfig
 from spasm.dataset.rows import (
@@ -306,26 +305,6 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
                             {"client": spec.pairing.client, "responder": spec.pairing.responder},
                             spec.scenario.goal if spec.scenario is not None else None)
     return result
-
-
-_reported: set[tuple[str, str]] = set()
-_reported_lock = threading.Lock()
-
-
-def report_bug(dialogue_id: str, exc: BaseException, tb: str) -> None:
-    """Print a bug's traceback to stderr the first time it is seen in this process (later
-    dialogues that hit the same bug name it in one line); the errors table keeps each."""
-    last = tb.strip().splitlines()
-    key = (type(exc).__name__, last[-3] if len(last) >= 3 else tb)
-    with _reported_lock:
-        first = key not in _reported
-        _reported.add(key)
-    if first:
-        print(f"spasm: dialogue {dialogue_id} failed on a bug (quarantined with its traceback "
-              f"in errors.parquet):\n{tb}", file=sys.stderr, end="" if tb.endswith("\n") else "\n")
-    else:
-        print(f"spasm: dialogue {dialogue_id} failed on the same bug: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _error_row(spec: DialogueSpec, convo: Conversation, exc: BaseException) -> ErrorRow:
