@@ -17,10 +17,8 @@ from spasm.dataset.rows import I32, OptStr, Row, Str, TurnRow
 from spasm.dataset.store import RunStore
 from spasm.evaluation import evaluate, register_embedder
 from spasm.evaluation.compare import load_comparison
-from spasm.evaluation.group import (
+from spasm.evaluation.group_detectors import (
     ECHO_THRESHOLD,
-    GroupDialogue,
-    Participant,
     dialogue_impersonations,
     find_impersonations,
     longest_alternation,
@@ -28,6 +26,7 @@ from spasm.evaluation.group import (
     seat_drift,
     silences,
 )
+from spasm.evaluation.loader import GroupDialogue, Participant
 from spasm.evaluation.testing import LookupEmbedder
 from spasm.personas.schema import load_schema
 from tests.eval_cli import eval_cli

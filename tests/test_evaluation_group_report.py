@@ -21,7 +21,7 @@ from spasm.dataset.store import write_finished_run
 from spasm.engine import Engine
 from spasm.evaluation import evaluate, register_embedder
 from spasm.evaluation.figures import read_figures
-from spasm.evaluation.group import ECHO_THRESHOLD, pair_echoing
+from spasm.evaluation.group_detectors import ECHO_THRESHOLD, pair_echoing
 from spasm.evaluation.lexical import MATTR_WINDOW, word_tokens
 from spasm.evaluation.pipeline import load_metrics
 from spasm.evaluation.report import render_report
@@ -93,7 +93,7 @@ def test_a_group_runs_report_has_the_group_section_and_figures(group_run: Path) 
         (pid, "responder" if pid == "Facilitator" else "client", cond)
         for pid in SEATS for cond in ("ecp", "concat"))
 
-    # Who echoes whom: the table behind the heatmap is the pair score of group.pair_echoing on
+    # Who echoes whom: the table behind the heatmap is the pair score of group_detectors.pair_echoing on
     # the stored turns, averaged over each condition's dialogues.
     turns = pd.read_parquet(group_run / "turns.parquet").sort_values(["dialogue_id", "turn_index"])
     dialogues = pd.read_parquet(group_run / "dialogues.parquet")

@@ -27,9 +27,13 @@ from spasm.registry import condition_rank
 
 __all__ = [
     "Conversation",
+    "GroupDialogue",
+    "Participant",
     "RunData",
     "clean_cell",
     "condition_groups",
+    "has_participants",
+    "load_group_dialogues",
     "load_reference",
     "load_run",
     "reference_paths",
@@ -41,6 +45,8 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "turns": ("dialogue_id", "turn_index", "speaker", "text"),
     "personas": ("persona_id",),
 }
+#: The columns a group run's participants table needs at least.
+_PARTICIPANT_COLUMNS = ("dialogue_id", "participant_id")
 # Optional dialogue columns and the value used when a dataset lacks them.
 _DIALOGUE_DEFAULTS: dict[str, object] = {
     "conversation_index": 0,
@@ -161,7 +167,7 @@ def _seats(run: Run, wanted: set[str]) -> dict[str, _Seats]:
     if not run.has("participants"):
         return {}
     stored = run.stored_columns("participants")
-    if not {"dialogue_id", "participant_id"} <= set(stored):
+    if not set(_PARTICIPANT_COLUMNS) <= set(stored):
         return {}
     columns: list[str] = [c for c in ("dialogue_id", "participant_id", "role", "persona_id") if c in stored]
     out: dict[str, _Seats] = {}
@@ -299,3 +305,106 @@ def load_run(run_dir: str | Path) -> RunData:
         )
     data.conversations = conversations
     return data
+
+
+# The participants of group dialogues, as the group stage reads them (with their seats'
+# positions, backends, models and levels, and the speakers in the case the turns store).
+
+
+@dataclass(frozen=True)
+class Participant:
+    """One seat of a group dialogue (a row of the ``participants`` table)."""
+
+    participant_id: str
+    position: int
+    role: str
+    persona_id: str | None = None
+    backend: str | None = None
+    model: str | None = None
+    level: str | None = None
+
+
+@dataclass(frozen=True)
+class GroupDialogue:
+    """One group dialogue: its participants in order and its utterances (speaker = participant id)."""
+
+    dialogue_id: str
+    condition: str
+    pairing: str
+    participants: tuple[Participant, ...]
+    speakers: tuple[str, ...]
+    texts: tuple[str, ...]
+
+    @property
+    def ids(self) -> list[str]:
+        """The participant ids in seat order."""
+        return [p.participant_id for p in self.participants]
+
+    def participant(self, participant_id: str) -> Participant | None:
+        return next((p for p in self.participants if p.participant_id == participant_id), None)
+
+    @property
+    def persona_set(self) -> str:
+        """The client seats' persona ids, sorted and joined with ``+`` (the pairing key of twins)."""
+        ids = sorted(p.persona_id for p in self.participants if p.role == "client" and p.persona_id)
+        return "+".join(ids)
+
+
+def has_participants(run_dir: str | Path | Run) -> bool:
+    """Whether the run is a group run (it has a ``participants`` table)."""
+    run = run_dir if isinstance(run_dir, Run) else open_run(run_dir, verify=False)
+    return run.has("participants")
+
+
+def load_group_dialogues(run_dir: str | Path | Run,
+                         conversations: Sequence[Conversation]) -> list[GroupDialogue] | None:
+    """The group dialogues among ``conversations`` (the ok dialogues :func:`load_run` read),
+    their speakers as stored (participant ids), or ``None`` for a run without participants.
+
+    A dialogue without participant rows is not a group dialogue and is left out.
+
+    Raises:
+        UserError: the participants table lacks ``dialogue_id`` or ``participant_id``.
+    """
+    run = run_dir if isinstance(run_dir, Run) else open_run(run_dir, verify=False)
+    if not run.has("participants"):
+        return None
+    stored = run.stored_columns("participants")
+    missing = [c for c in _PARTICIPANT_COLUMNS if c not in stored]
+    if missing:
+        raise UserError(
+            f"{run.dir / 'participants.parquet'} lacks the column(s) {', '.join(missing)}; a group "
+            "run's participants table needs at least dialogue_id and participant_id."
+        )
+    table = run.df("participants")
+    wanted = {c.dialogue_id for c in conversations}
+    seats: dict[str, list[Participant]] = defaultdict(list)
+    for n, r in enumerate(table.to_dict("records")):
+        did, pid = clean_cell(r.get("dialogue_id")), clean_cell(r.get("participant_id"))
+        if did is None or pid is None or did not in wanted:
+            continue
+        position = pd.to_numeric(pd.Series([r.get("position")]), errors="coerce").iloc[0]
+        persona = clean_cell(r.get("persona_id"))
+        role = seat_role(r.get("role"), persona)
+        seats[did].append(Participant(pid, int(position) if pd.notna(position) else n, role, persona,
+                                      clean_cell(r.get("backend")), clean_cell(r.get("model")),
+                                      clean_cell(r.get("level"))))
+    turns = run.df("turns", ["dialogue_id", "turn_index", "speaker", "text"])
+    turns = turns[turns["dialogue_id"].astype(str).isin(seats)].copy()
+    turns["dialogue_id"] = turns["dialogue_id"].astype(str)
+    turns["speaker"] = turns["speaker"].fillna("").astype(str)
+    turns["text"] = turns["text"].fillna("").astype(str)
+    turns = turns.sort_values(["dialogue_id", "turn_index"], kind="stable")
+    by_dialogue = {str(k): g for k, g in turns.groupby("dialogue_id", sort=False)}
+    out = []
+    for conv in conversations:
+        members = seats.get(conv.dialogue_id)
+        group = by_dialogue.get(conv.dialogue_id)
+        if not members or group is None:
+            continue
+        members = sorted({p.participant_id: p for p in members}.values(), key=lambda p: p.position)
+        canonical = {p.participant_id.lower(): p.participant_id for p in members}
+        speakers = tuple(canonical.get(s.lower(), s) for s in group["speaker"].tolist())
+        out.append(GroupDialogue(conv.dialogue_id, conv.condition, conv.pairing, tuple(members),
+                                 speakers, tuple(group["text"].tolist())))
+    return out
