@@ -1,8 +1,8 @@
 """The seats of a group run's dialogues, as export and QA need them (format 1.7's
 ``participants`` table: one row per participant of each dialogue, in turn order).
 
-A two-party run has no such table: :func:`group_seats` gives ``{}`` and every caller keeps its
-two-party path unchanged. ``--role`` on a group run names a role (every seat of it) or one
+A two-party run has no such table: :func:`group_seats` gives ``{}`` and every caller takes its
+two-party path. ``--role`` on a group run names a role (every seat of it) or one
 participant id (:func:`wanted_seats`).
 """
 

@@ -1,7 +1,7 @@
 """Examples that train tool use (tests/test_export_tools.py): a run with an ``events`` table exported as
 each trained role saw it, calls and results included.
 
-An example is still one dialogue through one role's (or seat's) ECP frame
+An example is one dialogue through one role's (or seat's) ECP frame
 (:func:`spasm.projection.ecp`), over the history *with its events*: the role's own tool
 calls are ``assistant`` messages with ``tool_calls`` and their results ``tool`` messages
 answering the calls' ids; another seat's events reach it only as that event's notice inside a
