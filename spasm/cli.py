@@ -357,8 +357,8 @@ def _personas_from(args: argparse.Namespace) -> int:
     from spasm.redact import terminal_safe
 
     for persona in result.accepted[:3]:
-        print(f"  {persona['persona_id']} (source_id {terminal_safe(str(persona['source_id']))}): "
-              f"{terminal_safe(persona['card'][:160])}")
+        print(f"  {persona.id} (source_id {terminal_safe(str(persona.source_id))}): "
+              f"{terminal_safe(persona.card[:160])}")
     if outs:
         _write_personas((outs[0], outs[1]), schema, result, source=True)
         print(f"{len(result.accepted)} personas → {outs[0]}; {len(result.rejected)} rejected "
@@ -371,12 +371,13 @@ def _write_personas(outs: tuple[Path, Path], schema: Any, result: Any, *, source
     (with their reasons) to ``FILE.rejected.parquet``, as the run's own two tables; ``source``:
     personas read from a data file (their ``source_id`` columns)."""
     from spasm.dataset.files import atomic_write_table
-    from spasm.dataset.rows import persona_row_model, rejection_row_model
+    from spasm.dataset.persona_rows import persona_record, persona_row_model, rejection_row_model
     from spasm.dataset.store import rows_to_table
 
     names, ints = schema.field_names, schema.integer_fields()
     atomic_write_table(outs[0], rows_to_table(
-        "personas", persona_row_model(names, ints, source=source), result.accepted))
+        "personas", persona_row_model(names, ints, source=source),
+        [persona_record(p) for p in result.accepted]))
     atomic_write_table(outs[1], rows_to_table(
         "persona_rejections", rejection_row_model(names, ints, source=source), result.rejected))
 

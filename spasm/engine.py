@@ -31,6 +31,7 @@ from spasm.config import RunConfig, config_differences
 from spasm.dataset.files import atomic_write_json as write_json
 from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import aside_path, check_output, finish_replacement
+from spasm.dataset.persona_rows import persona_of, persona_record
 from spasm.dataset.store import RunStore
 from spasm.errors import (
     BudgetExceededError,
@@ -44,6 +45,7 @@ from spasm.finish import complete_run
 from spasm.people import has_people
 from spasm.persona_stage import PersonaSet, PolicyCompiler, build_personas, build_source_personas
 from spasm.personas import load_schema
+from spasm.personas.persona import Persona
 from spasm.personas.sources import SourceCandidate, SourcePersonas, load_source
 from spasm.plugins import load_plugins
 from spasm.resume import ResumeCheck, schema_digest
@@ -174,14 +176,14 @@ class Engine:
             record["personas_source"] = self._personas_source
         write_json(self.run_dir / "manifest.json", record)
 
-    async def _personas(self, caller: Caller) -> list[dict[str, Any]]:
+    async def _personas(self, caller: Caller) -> list[Persona]:
         pc = self.config.personas
         schema = load_schema(pc.schema_file)
         self.store.set_persona_fields(schema.field_names, schema.integer_fields(),
                                       source=pc.source is not None)
         existing = self.store.read("personas")
         if existing is not None:
-            return self._said_own_scenarios(list(existing.to_pylist()))
+            return self._said_own_scenarios([persona_of(r) for r in existing.to_pylist()])
         result = await self._draw_personas(caller)
         if pc.source is not None and result.rejected:
             first = json.loads(result.rejected[0]["reasons"])[0]
@@ -190,11 +192,12 @@ class Engine:
         mine = self._own(result.accepted, caller)
         self.store.write_batch(
             "personas",
-            {"persona_rejections": result.rejected, "calls": result.calls, "personas": mine},
+            {"persona_rejections": result.rejected, "calls": result.calls,
+             "personas": [persona_record(p) for p in mine]},
         )
         return self._said_own_scenarios(mine)
 
-    def _said_own_scenarios(self, personas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _said_own_scenarios(self, personas: list[Persona]) -> list[Persona]:
         """Say so when personas name their own scenario in a run that has none (the column
         then changes nothing); a run with scenarios runs each the one it names (runplan)."""
         if self.config.scenarios is None:
@@ -206,7 +209,7 @@ class Engine:
                             SCENARIO_COLUMN)
         return personas
 
-    def _own(self, personas: list[dict[str, Any]], caller: Caller) -> list[dict[str, Any]]:
+    def _own(self, personas: list[Persona], caller: Caller) -> list[Persona]:
         """A shard keeps its own personas; its manifest records the whole set's digest before
         they are stored, so a merge can check that the shards drew the same set."""
         if self.shard is None:
@@ -228,7 +231,7 @@ class Engine:
 
         hc, role = self.config.harness, self.config.dialogue.responder_role
 
-        async def compile_policy(persona: dict[str, Any], scope: CallScope) -> tuple[str, str, bool]:
+        async def compile_policy(persona: Persona, scope: CallScope) -> tuple[str, str, bool]:
             policy, fell_back, _ = await client_policy(
                 caller, hc.backend or backend, persona, role, scope, temperature=hc.temperature)
             return policy.to_json(), POLICY_VERSION, fell_back
@@ -270,7 +273,7 @@ class Engine:
         # Dialogue ids are unique by construction; a plan that repeats one (a bug) stops here,
         # before any call. The full plan, with the drawn personas, is checked again in _run.
         if self.config.participants is None:  # a group plan needs the drawn personas
-            for _ in plan(self.config, [{"persona_id": "p"}]):
+            for _ in plan(self.config, [Persona(id="p", index=0, card="")]):
                 pass
         # A run with tools: its tools, worlds and reference actions, checked before any call.
         await check_tools(self.config, run_scenarios(self.config))
@@ -469,7 +472,7 @@ class Engine:
         through the same LLM steps as in :meth:`_personas`, so those calls are counted."""
         existing = self.store.read("personas") if self.store.dir.exists() else None
         if existing is not None:
-            return PersonaSet(accepted=list(existing.to_pylist()))
+            return PersonaSet(accepted=[persona_of(r) for r in existing.to_pylist()])
         return await self._draw_personas(caller)
 
     async def _draw_personas(self, caller: Caller | None) -> PersonaSet:
@@ -539,8 +542,9 @@ class Engine:
         read = [f"{personas:,} personas from {cfg.personas.source}"] if chosen is not None else []
         if isinstance(cfg.scenarios, str):
             read.append(f"{count:,} scenarios in {cfg.scenarios}")
-        own = sum(1 for c in chosen or []
-                  if own_scenario({**c.fields, "persona_fields": c.raw}) is not None)
+        own = sum(1 for c in chosen or [] if own_scenario(
+            Persona(id=c.source_id, index=c.index, fields=c.fields, card=c.card,
+                    source_fields=c.raw)) is not None)
         if scenarios is not None and personas is not None and own and cfg.participants is None:
             # A persona with its own scenario runs that one only: count persona-scenario pairs.
             personas, count = own + (personas - own) * len(scenarios), None

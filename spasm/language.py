@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from spasm.errors import UserError
@@ -71,10 +70,10 @@ def language_code(value: object) -> str | None:
     return head if _CODE.fullmatch(head) else None
 
 
-def expected_language(persona: Mapping[str, object] | None) -> str:
-    """The persona's language as an ISO 639-1 code (English when it has none); a value that
-    is neither a known name nor a code is compared as written, so nothing passes for it."""
-    raw = persona.get("language") if persona else None
+def expected_language(raw: object) -> str:
+    """A persona's language (its ``language`` field: ``Persona.language``) as an ISO 639-1 code
+    (English when it has none); a value that is neither a known name nor a code is compared as
+    written, so nothing passes for it."""
     if not isinstance(raw, str) or not raw.strip():
         return DEFAULT_LANGUAGE
     value = raw.strip().lower()

@@ -13,25 +13,26 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from spasm.backends.base import ChatRequest
+from spasm.backends.base import ChatRequest, Message
 from spasm.calls import Caller, CallScope
 from spasm.errors import BackendError, ConfigError
 from spasm.personas.crafter import render_persona_card, rewrite_messages
+from spasm.personas.persona import Persona
 from spasm.personas.sampler import candidates
 from spasm.personas.schema import ChoiceField, PersonaSchema
 from spasm.personas.sources import DIMENSIONS, SourceCandidate, SourcePersonas
 from spasm.personas.validator import PersonaVerdict, llm_validation_messages, rule_violations
 from spasm.seeds import derive_seed
 
-#: Compiles an accepted persona (its fields, card and id) into its policy:
+#: Compiles an accepted persona (its fields, card and id are read) into its policy:
 #: ``(policy JSON, policy version, fell back)``.
-PolicyCompiler = Callable[[dict[str, Any], CallScope], Awaitable[tuple[str, str, bool]]]
+PolicyCompiler = Callable[[Persona, CallScope], Awaitable[tuple[str, str, bool]]]
 
 __all__ = [
     "DriftDimensions",
@@ -46,9 +47,10 @@ __all__ = [
 
 @dataclass
 class PersonaSet:
-    """Accepted personas (table rows) and every rejected candidate with its reasons."""
+    """Accepted personas and every rejected candidate (a persona_rejections row) with its
+    reasons."""
 
-    accepted: list[dict[str, Any]] = field(default_factory=list)
+    accepted: list[Persona] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     #: The call-log rows of the model calls made for accepted personas.
     calls: list[Any] = field(default_factory=list)
@@ -123,7 +125,7 @@ async def build_personas(
         if llm_validate:
             assert caller is not None and backend is not None
             verdict = (await caller.structured(
-                "validator", backend, llm_validation_messages(fields),  # type: ignore[arg-type]
+                "validator", backend, llm_validation_messages(fields),
                 PersonaVerdict, scope, temperature=validator_temperature, max_tokens=120,
                 seed=seed + draws,
             )).value
@@ -143,7 +145,7 @@ async def build_personas(
         if llm_craft:
             assert caller is not None and backend is not None
             req = ChatRequest(
-                messages=tuple(rewrite_messages(card)),  # type: ignore[arg-type]
+                messages=tuple(rewrite_messages(card)),
                 temperature=crafter_temperature, max_tokens=300, seed=seed + draws,
             )
             try:
@@ -153,30 +155,27 @@ async def build_personas(
                 out.llm_fallbacks += 1
                 verdicts.append({"stage": "crafter", "valid": True,
                                  "reason": f"rewrite failed ({type(exc).__name__}); template kept"})
-        policy: dict[str, Any] = {}
-        if compile_policy is not None:
-            compiled, version, fell_back = await compile_policy(
-                {**fields, "card": card, "persona_id": pid}, scope)
-            out.llm_fallbacks += fell_back
-            policy = {"policy": compiled, "policy_version": version}
-        out.accepted.append(
-            {
-                "persona_id": pid,
-                "persona_index": index,
-                "seed": seed,
-                **fields,
-                "card": card,
-                "card_source": source,
-                "verdicts": json.dumps(verdicts),
-                "schema_name": schema.name,
-                "schema_version": schema.schema_version,
-                **policy,
-            }
+        persona = Persona(
+            id=pid, index=index, seed=seed, fields=fields, card=card, card_source=source,
+            verdicts=json.dumps(verdicts), schema_name=schema.name,
+            schema_version=schema.schema_version,
         )
+        out.accepted.append(await _with_policy(persona, compile_policy, scope, out))
         out.calls.extend(scope.records)
     if on_progress is not None:
         on_progress(len(out.accepted))
     return out
+
+
+async def _with_policy(persona: Persona, compile_policy: PolicyCompiler | None, scope: CallScope,
+                       out: PersonaSet) -> Persona:
+    """``persona`` with the policy compiled from its card (and a fallback counted in ``out``
+    when the compilation fell back), or as it is without a compiler."""
+    if compile_policy is None:
+        return persona
+    compiled, version, fell_back = await compile_policy(persona, scope)
+    out.llm_fallbacks += fell_back
+    return replace(persona, policy=compiled, policy_version=version)
 
 
 class DriftDimensions(BaseModel):
@@ -189,7 +188,7 @@ class DriftDimensions(BaseModel):
     motivation: str
 
 
-def dimension_messages(card: str, schema: PersonaSchema, responder_role: str) -> list[dict[str, str]]:
+def dimension_messages(card: str, schema: PersonaSchema, responder_role: str) -> list[Message]:
     """The prompt that reads a free-text persona's concern, emotion and motivation."""
     hints = []
     for name in DIMENSIONS:
@@ -252,7 +251,7 @@ async def build_source_personas(
         if missing and caller is not None and backend is not None:
             answer = (await caller.structured(
                 "extract", backend,
-                dimension_messages(candidate.card, schema, responder_role),  # type: ignore[arg-type]
+                dimension_messages(candidate.card, schema, responder_role),
                 DriftDimensions, scope, temperature=temperature, max_tokens=160,
                 seed=derive_seed(seed, "extract", candidate.source_id),
             )).value
@@ -266,25 +265,12 @@ async def build_source_personas(
                     fields[name] = getattr(answer, name).strip() or None
                 verdicts.append({"stage": "extract", "valid": True,
                                  "reason": ", ".join(missing) + " extracted from the card"})
-        policy: dict[str, Any] = {}
-        if compile_policy is not None:
-            compiled, version, fell_back = await compile_policy(
-                {**fields, "card": candidate.card, "persona_id": pid}, scope)
-            out.llm_fallbacks += fell_back
-            policy = {"policy": compiled, "policy_version": version}
-        out.accepted.append({
-            "persona_id": pid,
-            "persona_index": index,
-            "seed": seed,
-            **fields,
-            "card": candidate.card,
-            "card_source": candidate.card_source,
-            "verdicts": json.dumps(verdicts),
-            "schema_name": schema.name,
-            "schema_version": schema.schema_version,
-            **policy,
-            "persona_fields": candidate.raw,
-            "source_id": candidate.source_id,
-        })
+        persona = Persona(
+            id=pid, index=index, seed=seed, fields=fields, card=candidate.card,
+            card_source=candidate.card_source, verdicts=json.dumps(verdicts),
+            schema_name=schema.name, schema_version=schema.schema_version,
+            source_fields=candidate.raw, source_id=candidate.source_id,
+        )
+        out.accepted.append(await _with_policy(persona, compile_policy, scope, out))
         out.calls.extend(scope.records)
     return out

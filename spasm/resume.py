@@ -21,6 +21,7 @@ from spasm.acting import tool_changes, tools_record
 from spasm.config import RunConfig, config_differences
 from spasm.dataset.lock import LOCK_FILE
 from spasm.dataset.outputs import check_output
+from spasm.dataset.persona_rows import persona_of
 from spasm.dataset.store import RunStore
 from spasm.errors import UserError
 from spasm.personas import load_schema
@@ -227,7 +228,7 @@ class ResumeCheck:
             return  # the ids are the same in every version
         try:
             table = self.store.read("personas")
-            personas = table.to_pylist() if table is not None else []
+            personas = [persona_of(r) for r in table.to_pylist()] if table is not None else []
             done = self.store.done_dialogue_ids() if personas else set()
         except Exception:  # a damaged part: repaired (and its dialogues redone) by _run
             return

@@ -45,6 +45,7 @@ from spasm.harness.factory import harness_agents, harness_hooks
 from spasm.harness.levels import level_label
 from spasm.harness.profile import Presence
 from spasm.people import has_people, record_people
+from spasm.personas.persona import Persona
 from spasm.projection import Viewer, group_viewer
 from spasm.scenarios import Scenario, client_card, responder_context
 from spasm.session import DialogueSession
@@ -63,7 +64,7 @@ class DialogueSpec:
     """Everything that identifies one planned dialogue."""
 
     dialogue_id: str
-    persona: dict[str, Any]
+    persona: Persona
     conversation_index: int
     condition: str
     pairing: PairingConfig
@@ -83,7 +84,7 @@ class GroupSeat:
     persona that fills it."""
 
     participant: ParticipantConfig
-    persona: dict[str, Any] | None = None
+    persona: Persona | None = None
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,9 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
     harnessed by its level in ``spec.levels`` (the one place that chooses)."""
     d = config.dialogue
     # A scenario's situation and goal go on the Client's card, its context to the Responder.
-    card = client_card(spec.persona["card"], spec.scenario)
+    card = client_card(spec.persona.card, spec.scenario)
     instructions = responder_context(d.responder_instructions, spec.scenario)
-    language = spec.persona.get("language")  # English or none: no language line
+    language = spec.persona.language  # English or none: no language line
     plain = (
         PlainAgent(
             speaker="client",
@@ -144,7 +145,8 @@ def build_agents(spec: DialogueSpec, config: RunConfig) -> tuple[TurnAgent, Turn
             max_tokens=d.max_tokens, tool_mode=tool_mode(config, spec.pairing.responder),
         ),
     )
-    client, responder = harness_agents(plain, spec.levels, config, (spec.persona, spec.persona))
+    # The Responder is handed no persona: it never sees who the Client is.
+    client, responder = harness_agents(plain, spec.levels, config, (spec.persona, None))
     return client, responder
 
 
@@ -257,7 +259,7 @@ def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None,
 def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueSession:
     """The session of one planned dialogue (the cache estimate only in harness runs)."""
     return DialogueSession.open(
-        caller, spec.dialogue_id, spec.persona["persona_id"], spec.condition, spec.seed,
+        caller, spec.dialogue_id, spec.persona.id, spec.condition, spec.seed,
         estimate_cache=config.harness.active or any(lv != "A" for lv in spec.levels),
         scenario_id=spec.scenario.id if spec.scenario is not None else None,
         belt=belt_for(config, spec.scenario),
@@ -312,7 +314,7 @@ def _error_row(spec: DialogueSpec, convo: Conversation, exc: BaseException) -> E
         report_bug(spec.dialogue_id, exc, convo.traceback)
     return ErrorRow(
         dialogue_id=spec.dialogue_id,
-        persona_id=spec.persona["persona_id"],
+        persona_id=spec.persona.id,
         condition=spec.condition,
         pairing=spec.pairing.label,
         error_type=type(exc).__name__,
@@ -332,7 +334,7 @@ def _dialogue_row(
     client, responder = agents
     return DialogueRow(
         dialogue_id=spec.dialogue_id,
-        persona_id=spec.persona["persona_id"],
+        persona_id=spec.persona.id,
         conversation_index=spec.conversation_index,
         condition=spec.condition,
         harness_level=level_label(*spec.levels),
@@ -383,7 +385,7 @@ def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
         temps = config.backends[p.backend].temperatures
         if p.role == "client":
             assert seat.persona is not None
-            card = client_card(seat.persona["card"], spec.scenario)  # + situation and goal
+            card = client_card(seat.persona.card, spec.scenario)  # + situation and goal
             prompt = group_client_system_prompt(card, p.id, present, p.instructions)
             temperature = temps.client
         else:
@@ -446,7 +448,7 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
     participants) or ``group.max_utterances`` ends it."""
     session = open_session(spec, config, caller)
     agents = harness_agents(group_agents(spec, config), spec.levels, config,
-                            [s.persona or {} for s in spec.seats], group_presences(spec, config))
+                            [s.persona for s in spec.seats], group_presences(spec, config))
     setup = group_order_setup(spec, config)
     order = make_next_speaker(config.group.next_speaker, setup)
     chain = build_chain(config, caller, spec, participants=tuple(s.id for s in setup.seats))
@@ -490,7 +492,7 @@ def _group_rows(result: DialogueResult, spec: GroupSpec, config: RunConfig,
         ParticipantRow(
             dialogue_id=spec.dialogue_id, position=i, participant_id=s.participant.id,
             role=s.participant.role,
-            persona_id=str(s.persona["persona_id"]) if s.persona is not None else None,
+            persona_id=s.persona.id if s.persona is not None else None,
             backend=s.participant.backend, model=config.backends[s.participant.backend].model,
             level=s.participant.level,
             responder_role=role_label(s.participant, config) if s.participant.role == "responder"

@@ -22,14 +22,16 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from spasm.backends import Backend, make_backend
 from spasm.config import PairingConfig, RunConfig
+from spasm.dataset.persona_rows import persona_record
 from spasm.errors import ConfigError, RunError, UserError
+from spasm.personas.persona import Persona
 from spasm.runner import DialogueSpec, GroupSeat, GroupSpec
 from spasm.scenarios import Scenario, own_scenario, persona_scenarios, run_scenarios
 from spasm.seeds import derive_seed
@@ -78,7 +80,7 @@ def legacy_dialogue_id(persona_id: str, k: int, client: str, responder: str, con
 
 
 def plan(
-    config: RunConfig, personas: list[dict[str, Any]], shard: Shard | None = None,
+    config: RunConfig, personas: list[Persona], shard: Shard | None = None,
     *, ids: Callable[..., str] = dialogue_id,
 ) -> Iterator[DialogueSpec]:
     """Every dialogue of the run, in a stable order. The seed depends on the persona and the
@@ -107,19 +109,19 @@ def plan(
         chosen: list[Scenario | None] = (
             [None] if scenarios is None else list(persona_scenarios(persona, scenarios)))
         for scenario, k in ((s, k) for s in chosen for k in range(config.conversations_per_persona)):
-            seed = (derive_seed(config.seed, persona["persona_id"], k) if scenario is None
-                    else derive_seed(config.seed, persona["persona_id"], k, scenario.id))
+            seed = (derive_seed(config.seed, persona.id, k) if scenario is None
+                    else derive_seed(config.seed, persona.id, k, scenario.id))
             for pairing in config.pairing_list:
                 for condition in config.conditions:
                     for level, levels in sweep:
                         extra = {} if scenario is None else {"scenario": scenario.id}
-                        did = ids(str(persona["persona_id"]), k, pairing.client,
+                        did = ids(persona.id, k, pairing.client,
                                   pairing.responder, condition, level, **extra)
                         if seen is not None:
                             if did in seen:
                                 raise RunError(
                                     f"two planned dialogues share the id {did!r} (persona "
-                                    f"{persona['persona_id']!r}, conversation {k}, pairing "
+                                    f"{persona.id!r}, conversation {k}, pairing "
                                     f"{pairing.label}, condition {condition}): one would be lost. "
                                     "Nothing was run. This is a bug in spasm, or the run's "
                                     "personas table repeats a persona id; please report it."
@@ -154,23 +156,23 @@ def group_dialogue_id(index: int, condition: str, scenario: str | None = None) -
     return f"g{index:04d}{sid}-{id_part(condition)}"
 
 
-def only_ids(config: RunConfig, personas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def only_ids(config: RunConfig, personas: list[Persona]) -> list[Persona]:
     """The personas the plan holds dialogues for: those ``personas.ids`` names (in the drawn
     order), else all; an id that was not drawn is a :class:`~spasm.errors.UserError`."""
     wanted = config.personas.ids
     if wanted is None:
         return personas
-    drawn = {str(p["persona_id"]) for p in personas}
+    drawn = {p.id for p in personas}
     missing = [i for i in wanted if i not in drawn]
     if missing and drawn != {"p"}:  # {"p"}: the engine's check of the ids, before any draw
         raise UserError(f"personas.ids names {', '.join(map(repr, missing))}, which the run did "
                         f"not draw (its personas: {', '.join(sorted(drawn)[:5])}"
                         f"{', ...' if len(drawn) > 5 else ''})")
-    return [p for p in personas if str(p["persona_id"]) in set(wanted)]
+    return [p for p in personas if p.id in set(wanted)]
 
 
 def plan_groups(
-    config: RunConfig, personas: list[dict[str, Any]], shard: Shard | None = None
+    config: RunConfig, personas: list[Persona], shard: Shard | None = None
 ) -> Iterator[GroupSpec]:
     """Every group dialogue of the run, in a stable order: ``group.dialogues`` of them (default
     personas ÷ client seats), each in every condition with one seed, so conditions are paired.
@@ -191,7 +193,7 @@ def plan_groups(
         own = next((p for p in personas if own_scenario(p) is not None), None)
         if own is not None:
             raise ConfigError(
-                f"persona {own.get('persona_id')!r} names its own scenario "
+                f"persona {own.id!r} names its own scenario "
                 f"({own_scenario(own)!r}), but a group run crosses every group dialogue with "
                 "every scenario (its seats are drawn from all personas): drop the personas' "
                 "scenario column, or run those personas in a two-party run (pairings:), where "
@@ -241,8 +243,6 @@ def make_backends(config: RunConfig) -> dict[str, Backend]:
 
 
 # -- shards ---------------------------------------------------------------------------------
-P = TypeVar("P", bound=Mapping[str, Any])
-
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
 
@@ -277,15 +277,15 @@ class Shard:
         """The directory name the Ray executor gives this shard (``1-of-3``)."""
         return f"{self.index}-of-{self.count}"
 
-    def owns(self, persona: Mapping[str, Any]) -> bool:
+    def owns(self, persona: Persona) -> bool:
         """Whether the persona's dialogues belong to this shard."""
-        return int(persona["persona_index"]) % self.count == self.index
+        return persona.index % self.count == self.index
 
-    def select(self, personas: Sequence[P]) -> list[P]:
+    def select(self, personas: Sequence[Persona]) -> list[Persona]:
         """This shard's personas, in their order (already selected ones pass unchanged)."""
         return [p for p in personas if self.owns(p)]
 
-    def record(self, personas: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    def record(self, personas: Sequence[Persona] | None = None) -> dict[str, Any]:
         """What the manifest records of the shard; with the whole persona set, its digest."""
         out: dict[str, Any] = {"spec": str(self), "index": self.index, "count": self.count}
         if personas is not None:
@@ -294,10 +294,10 @@ class Shard:
         return out
 
 
-def personas_digest(personas: Sequence[Mapping[str, Any]]) -> str:
-    """sha256 of a persona set (every field of every persona, in index order)."""
-    rows = sorted(personas, key=lambda p: int(p["persona_index"]))
-    blob = json.dumps([dict(p) for p in rows], sort_keys=True, default=str).encode()
+def personas_digest(personas: Sequence[Persona]) -> str:
+    """sha256 of a persona set (every column of every persona's record, in index order)."""
+    rows = sorted(personas, key=lambda p: p.index)
+    blob = json.dumps([persona_record(p) for p in rows], sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
 
 

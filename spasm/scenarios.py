@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from spasm.config import RunConfig, read_user_text
 from spasm.errors import ConfigError
+from spasm.personas.persona import Persona
 
 __all__ = [
     "SCENARIO_COLUMN",
@@ -265,14 +266,14 @@ def _scenario_id(value: Any) -> str | None:
     return text or None
 
 
-def own_scenario(persona: Mapping[str, Any]) -> str | None:
+def own_scenario(persona: Persona) -> str | None:
     """The scenario id a persona names, or ``None``: a persona field ``scenario`` (a schema
     that has one), else the ``scenario`` column of the data-file row it came from (kept
     verbatim in ``persona_fields``, so a resumed run reads it from its personas table)."""
-    wanted = _scenario_id(persona.get("scenario"))
+    wanted = _scenario_id(persona.fields.get("scenario"))
     if wanted is not None:
         return wanted
-    raw = persona.get("persona_fields")
+    raw = persona.source_fields
     if not isinstance(raw, str) or not raw:
         return None
     try:
@@ -287,7 +288,7 @@ def own_scenario(persona: Mapping[str, Any]) -> str | None:
     return None
 
 
-def persona_scenarios(persona: Mapping[str, Any], scenarios: list[Scenario]) -> list[Scenario]:
+def persona_scenarios(persona: Persona, scenarios: list[Scenario]) -> list[Scenario]:
     """The scenarios a persona runs: all of them, or the one it names (:func:`own_scenario`)."""
     wanted = own_scenario(persona)
     if wanted is None:
@@ -295,7 +296,7 @@ def persona_scenarios(persona: Mapping[str, Any], scenarios: list[Scenario]) -> 
     for s in scenarios:
         if s.id == wanted:
             return [s]
-    raise ConfigError(f"persona {persona.get('persona_id')!r} names scenario {wanted!r}, which the "
+    raise ConfigError(f"persona {persona.id!r} names scenario {wanted!r}, which the "
                       f"run's scenarios do not have (ids: {', '.join(s.id for s in scenarios[:10])}).")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from spasm.config import parse_config
+from spasm.personas.persona import Persona
 
 # A suite started as a background job (`make test &`, a scheduler) inherits SIGINT ignored, and
 # an ignored signal stays ignored in every subprocess, so the tests that press Ctrl-C on
@@ -75,3 +76,9 @@ def tmp_run(tmp_path: Path) -> Path:
 
 def config_from(data: dict[str, Any]) -> Any:
     return parse_config(data, "<test>")
+
+
+def make_persona(persona_id: str = "p0", index: int = 0, card: str = "", **fields: Any) -> Persona:
+    """A persona for a test: its id, its place in the set and its card; every other keyword is
+    one of its schema fields."""
+    return Persona(id=persona_id, index=index, card=card, fields=fields)

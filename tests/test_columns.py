@@ -4,6 +4,7 @@ formats, and a malformed cell is reported as a FormatError naming its column."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import anyio
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from spasm.backends.base import ChatRequest, Completion
@@ -32,21 +34,22 @@ from spasm.dataset.columns import (
     load_state_log,
     load_verdict,
 )
-from spasm.dataset.rows import (
-    JSON_COLUMNS,
+from spasm.dataset.persona_rows import (
     PERSONA_HEAD,
     PERSONA_TAIL,
-    ROW_MODELS,
     SOURCE_COLUMN,
-    Persona,
-    arrow_schema,
     persona_of,
+    persona_record,
+    persona_row,
+    persona_row_model,
 )
+from spasm.dataset.rows import JSON_COLUMNS, ROW_MODELS, arrow_schema
 from spasm.errors import FormatError
 from spasm.harness.checker import CheckerOutput, DimensionScores, screened_verdict, verdict_from
 from spasm.harness.level_report import level_report
 from spasm.harness.state import Change, StateUpdate, apply_update, initial_client_state
 from spasm.harness.verify import verify
+from spasm.personas.persona import Persona
 from spasm.viewer.charts import harness_charts
 
 RECENT = "You: Meine Waschmaschine ist wieder kaputt — schon wieder!\nThe agent: Das tut mir leid."
@@ -58,8 +61,9 @@ NOW = datetime(2024, 1, 1, tzinfo=UTC)
 
 def _reduction() -> Any:
     """A reducer step with a clip and decays, on a state with non-ASCII text."""
-    persona = {"emotion": "angry", "intensity": "severe", "concern": "die Waschmaschine (schon wieder)",
-               "motivation": "wants a repair — today"}
+    persona = Persona(id="p0", index=0, card="", fields={
+        "emotion": "angry", "intensity": "severe", "concern": "die Waschmaschine (schon wieder)",
+        "motivation": "wants a repair — today"})
     update = StateUpdate(changes=[Change(dimension="emotion.joy", value=95, evidence="kein Zitat")],
                          strategy="Ruhig bleiben, nach dem Termin fragen.", new_belief="Sie hören zu")
     return apply_update(initial_client_state(persona), update, RECENT)
@@ -291,13 +295,53 @@ def test_a_malformed_column_stops_the_report_with_a_message_not_a_traceback(
 
 
 def test_persona_declares_the_fixed_columns_of_the_personas_table() -> None:
+    # Every attribute but ``fields`` (the schema's columns) is a fixed column, in table order;
     # source_id: the personas table's last column in runs whose personas come from a file.
-    assert set(Persona.__annotations__) == set(PERSONA_HEAD) | set(PERSONA_TAIL) | set(SOURCE_COLUMN)
+    columns = [a.metadata["column"] for a in dataclasses.fields(Persona)]
+    at = columns.index(None)
+    assert columns[:at] == list(PERSONA_HEAD)
+    assert columns[at + 1:] == [*PERSONA_TAIL, *SOURCE_COLUMN]
+    assert dataclasses.fields(Persona)[at].name == "fields"
+    assert list(PERSONA_HEAD) == ["persona_id", "persona_index", "seed"]
+    assert list(SOURCE_COLUMN) == ["source_id"]
 
 
-def test_a_record_becomes_a_persona_only_with_an_id_and_a_card() -> None:
-    record: dict[Any, Any] = {"persona_id": "p0", "card": "You are Ana.", "concern": "rent"}
+def test_a_record_becomes_a_persona_only_with_an_id_a_card_and_an_index() -> None:
+    record: dict[Any, Any] = {"persona_id": "p0", "persona_index": 0, "card": "You are Ana.",
+                              "concern": "rent", "language": "es"}
     persona = persona_of(record)
-    assert persona == record and persona.get("concern") == "rent"
+    assert (persona.id, persona.index, persona.card) == ("p0", 0, "You are Ana.")
+    assert persona.fields == {"concern": "rent", "language": "es"}
+    assert persona.language == "es" and persona.policy is None
     with pytest.raises(FormatError, match="card"):
-        persona_of({"persona_id": "p0", "concern": "rent"})
+        persona_of({"persona_id": "p0", "persona_index": 0, "concern": "rent"})
+    with pytest.raises(FormatError, match="persona_index"):
+        persona_of({"persona_id": "p0", "card": "You are Ana."})
+    # A table without the index (not one spasm wrote): the record's place stands for it.
+    assert persona_of({"persona_id": "p0", "card": "You are Ana.", "persona_index": None},
+                      place=3).index == 3
+    # The public reader's dict: the record as stored, checked for an id and a card only.
+    assert persona_row({"persona_id": "p0", "card": "x"}) == {"persona_id": "p0", "card": "x"}
+    with pytest.raises(FormatError, match="card"):
+        persona_row({"persona_id": "p0"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        persona.card = "x"  # type: ignore[misc]
+
+
+def test_a_persona_round_trips_through_the_personas_table(tmp_path: Path) -> None:
+    # The record a persona is written as is the row the table holds, column for column.
+    model = persona_row_model(["first_name", "age"], {"age"}, source=True)
+    persona = Persona(id="p0000-ab", index=0, seed=7, fields={"first_name": "Ana", "age": 41},
+                      card="You are Ana.", verdicts="[]", schema_name="s", schema_version="1",
+                      policy="{}", policy_version="2", source_fields='{"n": 1}', source_id="r1")
+    record = persona_record(persona)
+    assert list(record) == list(model.model_fields)
+    table = pa.Table.from_pylist([model(**record).as_record()], schema=arrow_schema(model))
+    pq.write_table(table, tmp_path / "personas.parquet")
+    (back,) = pq.read_table(tmp_path / "personas.parquet").to_pylist()
+    assert persona_of(back) == persona
+    # Without a policy or a data file, the record leaves those columns out, as the persona
+    # stage always built it (a shard's manifest hashes these records).
+    plain = persona_record(dataclasses.replace(persona, policy=None, policy_version=None,
+                                               source_fields=None, source_id=None))
+    assert list(plain)[-3:] == ["verdicts", "schema_name", "schema_version"]

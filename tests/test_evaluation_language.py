@@ -13,6 +13,7 @@ from spasm.dataset.synthetic import write_run
 from spasm.evaluation import evaluate, register_embedder
 from spasm.evaluation.language import detect, expected_language
 from spasm.evaluation.testing import LookupEmbedder
+from tests.conftest import make_persona
 
 register_embedder("lookup", LookupEmbedder)
 
@@ -33,10 +34,11 @@ def test_identifier_on_known_sentences() -> None:
 
 
 def test_expected_language_from_the_persona() -> None:
-    assert expected_language({}) == "en"
-    assert expected_language({"language": "Spanish"}) == "es"
-    assert expected_language({"language": "pt-BR"}) == "pt"
-    assert expected_language({"language": None}) == "en"
+    assert expected_language(None) == "en"
+    assert expected_language("Spanish") == "es"
+    assert expected_language("pt-BR") == "pt"
+    assert expected_language(make_persona(language="pt-BR").language) == "pt"
+    assert expected_language(make_persona(language=None).language) == "en"
 
 
 @pytest.mark.e2e

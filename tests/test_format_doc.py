@@ -6,13 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from spasm.dataset.rows import (
-    ROW_MODELS,
-    SCHEMA_VERSION,
-    arrow_schema,
-    persona_row_model,
-    rejection_row_model,
-)
+from spasm.dataset.persona_rows import persona_row_model, rejection_row_model
+from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, arrow_schema
 from spasm.personas.schema import load_schema
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "format.md"

@@ -20,6 +20,7 @@ from spasm.harness.context import compress_rules
 from spasm.harness.profile import Presence, profile_of
 from spasm.history import History
 from spasm.testing import TestServer
+from tests.conftest import make_persona
 from tests.test_group import _group_data
 
 LEVELS = {"Ana": "E", "Ben": "C", "Carla": "A", "Facilitator": "B"}
@@ -43,7 +44,8 @@ def _presence(role: str) -> Presence:
 
 def test_a_seat_profile_names_everyone_by_id_and_takes_its_role_from_the_seat() -> None:
     config = parse_config(_data("http://127.0.0.1:9/v1"), "<t>")
-    ben = profile_of("Ben", "srv", config, {"first_name": "Benjamin"}, _presence("client"))
+    ben = profile_of("Ben", "srv", config, make_persona(first_name="Benjamin"),
+                     _presence("client"))
     assert ben.seat == "client" and ben.name == "Ben"  # the transcripts' name, not the card's
     assert ben.others == ("Ana", "Carla", "Facilitator")
     assert ben.clients == ("Ana", "Ben", "Carla")
@@ -52,11 +54,11 @@ def test_a_seat_profile_names_everyone_by_id_and_takes_its_role_from_the_seat() 
     history = History().append("Ana", "Hi all.").append("Ben", "Hello.").append("Facilitator", "Welcome!")
     assert ben.lines(history.utterances) == "Ana: Hi all.\nYou: Hello.\nFacilitator: Welcome!"
     assert ben.last_partner(history) == "Welcome!"
-    host = profile_of("Facilitator", "srv", config, {}, _presence("responder"))
+    host = profile_of("Facilitator", "srv", config, None, _presence("responder"))
     assert host.seat == "responder" and host.role == "peer-support facilitator"
     assert host.labels["Facilitator"] == "You" and host.clients == ("Ana", "Ben", "Carla")
     # The two-party profile is what it always was.
-    two = profile_of("client", "srv", config, {"first_name": "Ana"})
+    two = profile_of("client", "srv", config, make_persona(first_name="Ana"))
     assert (two.seat, two.others, two.clients, two.name) == ("client", ("responder",), ("client",), "Ana")
     assert two.labels == {"client": "You", "responder": f"The {config.dialogue.responder_role}"}
 
@@ -69,7 +71,7 @@ def test_a_client_seats_boundaries_are_a_clients_whatever_its_id() -> None:
 
 def test_the_record_of_older_group_turns_labels_each_speaker_by_id() -> None:
     config = parse_config(_data("http://127.0.0.1:9/v1"), "<t>")
-    ana = profile_of("Ana", "srv", config, {}, _presence("client"))
+    ana = profile_of("Ana", "srv", config, make_persona(), _presence("client"))
     h = History()
     for who, text in [("Facilitator", "Welcome, everyone."), ("Ana", "I am nervous."),
                       ("Ben", "Me too, honestly."), ("Carla", "First time here.")]:

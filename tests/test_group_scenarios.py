@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,13 @@ from spasm.evaluation.loader import load_run
 from spasm.evaluation.testing import LookupEmbedder
 from spasm.goals import goal_messages
 from spasm.history import History
+from spasm.personas.persona import Persona
 from spasm.runner import GroupSpec
 from spasm.runplan import Shard, group_dialogue_id, plan
 from spasm.seeds import derive_seed
 from spasm.testing import TestServer
 from spasm.testing.replies import default_reply
-from tests.conftest import endpoint_config
+from tests.conftest import endpoint_config, make_persona
 from tests.test_shards import sorted_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,8 +68,8 @@ def _data(base_url: str, scenarios: Any = SCENARIOS[:2], **overrides: Any) -> di
     return data
 
 
-def _personas(n: int = 6) -> list[dict[str, Any]]:
-    return [{"persona_id": f"p{i}", "persona_index": i, "card": f"card of p{i}"} for i in range(n)]
+def _personas(n: int = 6) -> list[Persona]:
+    return [make_persona(f"p{i}", i, f"card of p{i}") for i in range(n)]
 
 
 class Judge:
@@ -110,14 +112,14 @@ def test_group_dialogues_cross_scenarios_with_the_same_people_and_paired_seeds()
     assert group_dialogue_id(3, "ecp") == "g0003-ecp"
     assert group_dialogue_id(3, "my-cond", "a-b") == "g0003-sa%2Db-my%2Dcond"
     assert len({s.dialogue_id for s in specs}) == 12
-    seats = {s.dialogue_id: [f.persona["persona_id"] if f.persona else None
+    seats = {s.dialogue_id: [f.persona.id if f.persona else None
                              for f in s.seats] for s in before if isinstance(s, GroupSpec)}
     assert len(seats) == 4
     for s in specs:
         assert isinstance(s, GroupSpec) and s.scenario is not None
         assert s.dialogue_id == group_dialogue_id(s.conversation_index, s.condition, s.scenario.id)
         # The same people as the group's draw without scenarios, in every scenario.
-        people = [f.persona["persona_id"] if f.persona else None for f in s.seats]
+        people = [f.persona.id if f.persona else None for f in s.seats]
         assert people == seats[f"g{s.conversation_index:04d}-{s.condition}"]
         assert s.seed == derive_seed(7, "group", s.conversation_index, s.scenario.id)
     # Conditions share a seed; scenarios of one group do not.
@@ -138,15 +140,15 @@ def test_a_persona_with_its_own_scenario_is_refused_in_a_group_run() -> None:
     own scenario cannot be honoured: a ConfigError says so before any dialogue runs."""
     cfg = parse_config(_data("http://127.0.0.1:9/v1", scenarios=SCENARIOS), "<t>")
     personas = _personas()
-    personas[4]["scenario"] = "cancel-plan"
+    personas[4] = replace(personas[4], fields={"scenario": "cancel-plan"})
     with pytest.raises(ConfigError, match=r"persona 'p4' names its own scenario \('cancel-plan'\)"
                        r".*crosses every group dialogue with every scenario"):
         list(plan(cfg, personas))
     # An empty scenario column is no scenario; a run without scenarios ignores the field (as
     # two-party runs do).
-    personas[4]["scenario"] = ""
+    personas[4] = replace(personas[4], fields={"scenario": ""})
     assert len(list(plan(cfg, personas))) == 12
-    personas[4]["scenario"] = "cancel-plan"
+    personas[4] = replace(personas[4], fields={"scenario": "cancel-plan"})
     base = parse_config(_data("http://127.0.0.1:9/v1", scenarios=None), "<t>")
     assert [s.dialogue_id for s in plan(base, personas)][:1] == ["g0000-ecp"]
 

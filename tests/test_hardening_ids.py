@@ -31,7 +31,7 @@ from spasm.errors import ConfigError, RunError, UserError
 from spasm.runplan import dialogue_id, legacy_dialogue_id, plan
 from spasm.status import run_status
 from spasm.testing import TestServer
-from tests.conftest import config_from, endpoint_config
+from tests.conftest import config_from, endpoint_config, make_persona
 
 # ------------------------------------------------------------------ 1. ids unique by construction
 
@@ -101,7 +101,7 @@ def test_ids_of_plain_names_are_byte_identical_to_earlier_versions() -> None:
 
 def test_the_four_colliding_backends_plan_four_ids() -> None:
     config = config_from(_four("http://127.0.0.1:9/v1", personas={"n": 2}))
-    personas = [{"persona_id": f"p{i:04d}-00000000"} for i in range(2)]
+    personas = [make_persona(f"p{i:04d}-00000000", i) for i in range(2)]
     ids = [s.dialogue_id for s in plan(config, personas)]
     assert len(ids) == len(set(ids)) == 4
     # The bug this replaces: the old ids of the two pairings were one.
@@ -140,7 +140,7 @@ def test_planned_ids_that_collide_stop_the_run_before_any_call(
 def test_a_repeated_persona_id_stops_the_plan() -> None:
     config = config_from(endpoint_config("http://127.0.0.1:9/v1"))
     with pytest.raises(RunError, match="repeats a persona id"):
-        list(plan(config, [{"persona_id": "p1"}, {"persona_id": "p1"}]))
+        list(plan(config, [make_persona("p1"), make_persona("p1", 1)]))
 
 
 def test_the_four_backends_store_four_dialogues_end_to_end(

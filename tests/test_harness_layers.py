@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import fields
 from itertools import pairwise
@@ -11,6 +12,7 @@ from typing import get_args
 import pytest
 
 from spasm.config import load_config
+from spasm.dataset.persona_rows import persona_of
 from spasm.engine import plan
 from spasm.errors import ConfigError
 from spasm.harness.checker import CheckerOutput, DimensionScores, overall_score, rule_violations, verdict_from
@@ -44,15 +46,15 @@ from spasm.harness.retrieval import (
     retrieve,
 )
 from spasm.history import History
-from tests.conftest import config_from, endpoint_config
+from tests.conftest import config_from, endpoint_config, make_persona
 
-PERSONA = {
-    "persona_id": "p1", "first_name": "Kofi", "age": 61, "occupation": "Retiree",
+PERSONA = persona_of({
+    "persona_id": "p1", "persona_index": 1, "first_name": "Kofi", "age": 61, "occupation": "Retiree",
     "city": "Accra, Ghana", "domain": "pension payout", "concern": "when my pension starts",
     "motivation": "wants a clear answer", "emotion": "anxious", "intensity": "severe",
     "verbosity": "verbose", "directness": "indirect", "cooperativeness": "resistant",
     "formality": "formal", "card": "You are Kofi ...",
-}
+})
 
 
 # -- policy -----------------------------------------------------------------------------------
@@ -86,10 +88,10 @@ def test_an_extraction_enriches_the_baseline_without_losing_its_boundaries() -> 
 
 def test_a_stored_policy_is_used_only_at_the_current_version() -> None:
     p = baseline_client_policy(PERSONA, "advisor")
-    row = {"policy": p.to_json(), "policy_version": POLICY_VERSION}
+    row = dataclasses.replace(PERSONA, policy=p.to_json(), policy_version=POLICY_VERSION)
     assert parse_stored_policy(row) == p
-    assert parse_stored_policy({**row, "policy_version": "0"}) is None
-    assert parse_stored_policy({}) is None
+    assert parse_stored_policy(dataclasses.replace(row, policy_version="0")) is None
+    assert parse_stored_policy(PERSONA) is None
 
 
 def test_a_model_policy_with_too_many_items_is_truncated_not_rejected() -> None:
@@ -274,7 +276,7 @@ def test_harness_config_is_validated() -> None:
 
 
 def test_plan_adds_one_dialogue_per_level_with_shared_seeds() -> None:
-    personas = [{"persona_id": "p0"}, {"persona_id": "p1"}]
+    personas = [make_persona("p0"), make_persona("p1", 1)]
     base = endpoint_config("http://127.0.0.1:9/v1", conditions=["ecp", "concat"])
     plain = list(plan(config_from(base), personas))
     assert [s.dialogue_id for s in plain][:2] == ["p0-k0-srv-srv-ecp", "p0-k0-srv-srv-concat"]
@@ -285,7 +287,7 @@ def test_plan_adds_one_dialogue_per_level_with_shared_seeds() -> None:
     sweep = list(plan(config_from({**base, "harness": {"levels": ["A", "C", "E"]}}), personas))
     assert len(sweep) == 3 * len(plain)
     assert sweep[0].dialogue_id == "p0-k0-srv-srv-ecp-A" and sweep[2].levels == ("E", "E")
-    assert len({s.seed for s in sweep if s.persona["persona_id"] == "p0"}) == 1
+    assert len({s.seed for s in sweep if s.persona.id == "p0"}) == 1
 
 
 def test_the_bundled_ablation_config_runs_all_five_levels() -> None:

@@ -20,6 +20,7 @@ from spasm.backends.base import Backend, ChatRequest, Completion, Message
 from spasm.backends.instances import instance_from_schema
 from spasm.calls import Caller, CallScope
 from spasm.config import BackendConfig, parse_config
+from spasm.dataset.persona_rows import persona_of
 from spasm.harness.runtime import HarnessedAgent
 from spasm.history import History
 from spasm.projection import Viewer, project
@@ -29,14 +30,14 @@ from spasm.session import DialogueSession, PrefixTracker
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
-PERSONA: dict[str, Any] = {
-    "persona_id": "p0000-test", "first_name": "Mei", "age": 34, "occupation": "Nurse",
+PERSONA = persona_of({
+    "persona_id": "p0000-test", "persona_index": 0, "first_name": "Mei", "age": 34, "occupation": "Nurse",
     "city": "Lyon, France", "domain": "broken washing machine warranty",
     "concern": "whether the warranty covers a second repair", "motivation": "wants a clear answer",
     "emotion": "frustrated", "intensity": "moderate", "verbosity": "terse",
     "directness": "direct", "cooperativeness": "neutral", "formality": "casual",
     "card": "You are Mei, a 34-year-old nurse living in Lyon, France. (card text)",
-}
+})
 LINES = [
     ("client", "Hi, my washing machine broke again, third time this year!"),
     ("responder", "I'm sorry to hear that. Could you tell me the model number?"),
@@ -215,7 +216,7 @@ def test_level_a_is_the_plain_agent_request_for_request() -> None:
     assert isinstance(h, PlainAgent)
     r = anyio.run(h.turn, _history(4), session)
     config = _config()
-    frame = Viewer("client", client_system_prompt(PERSONA["card"], config.dialogue.responder_role))
+    frame = Viewer("client", client_system_prompt(PERSONA.card, config.dialogue.responder_role))
     # Exactly the request of a plain agent: its frame, the projection, its turn's seed.
     assert backend.requests == [ChatRequest(
         messages=tuple(project(_history(4), frame, "ecp")),
@@ -232,6 +233,16 @@ def test_levels_b_to_e_wrap_the_plain_agent() -> None:
         assert isinstance(h, HarnessedAgent) and isinstance(h.inner, PlainAgent)
 
 
+def test_the_responder_is_handed_no_persona() -> None:
+    # build_agents gives the Client its persona and the Responder none, at every level.
+    for level in "BCDE":
+        config = _config()
+        spec = DialogueSpec("d1", PERSONA, 0, "ecp", config.pairing_list[0], 7, (level, level))
+        client, responder = build_agents(spec, config)
+        assert isinstance(client, HarnessedAgent) and client.persona is PERSONA
+        assert isinstance(responder, HarnessedAgent) and responder.persona is None
+
+
 def test_the_responder_never_sees_the_client_persona() -> None:
     h, session, backend = _harness("E", speaker="responder")
 
@@ -242,6 +253,6 @@ def test_the_responder_never_sees_the_client_persona() -> None:
 
     anyio.run(go)
     sent = json.dumps([list(r.messages) for r in backend.requests])
-    for secret in ("(card text)", "Nurse", "nurse", "Lyon, France", PERSONA["concern"],
+    for secret in ("(card text)", "Nurse", "nurse", "Lyon, France", PERSONA.fields["concern"],
                    "Mei,", "You have owned the machine"):
         assert secret not in sent, secret

@@ -20,6 +20,7 @@ from spasm.harness.state import (
     initial_client_state,
     salient_items,
 )
+from tests.conftest import make_persona
 
 RECENT = "You: My washer broke again.\nThe agent: I am so sorry, we will replace it for free today."
 
@@ -149,15 +150,15 @@ def test_evidence_must_be_a_real_quote() -> None:
 def test_initial_client_state_comes_from_the_persona(
     emotion: str, intensity: str | None, dim: str, value: int
 ) -> None:
-    s = initial_client_state({"emotion": emotion, "intensity": intensity, "concern": "my pension",
-                              "motivation": "wants a clear answer"})
+    s = initial_client_state(make_persona(emotion=emotion, intensity=intensity, concern="my pension",
+                                      motivation="wants a clear answer"))
     assert getattr(s.emotions, dim) == value
     assert s.goals[0].description == "Resolve: my pension" and s.goals[0].priority == 90
 
 
 def test_the_prompt_gets_a_few_salient_items_never_the_whole_state() -> None:
-    s = initial_client_state({"emotion": "angry", "intensity": "severe", "concern": "refund",
-                              "motivation": "wants a refund"})
+    s = initial_client_state(make_persona(emotion="angry", intensity="severe", concern="refund",
+                                      motivation="wants a refund"))
     for n in (3, 4, 5):
         items = salient_items(s, n)
         assert len(items) <= n

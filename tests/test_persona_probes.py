@@ -18,13 +18,14 @@ import pandas as pd
 import pytest
 
 from spasm.dataset.columns import PersonaProbe, dump_probes, load_persona_probes, load_probes
+from spasm.dataset.persona_rows import persona_of
 from spasm.engine import Engine
 from spasm.evaluation import evaluate, register_embedder
 from spasm.evaluation.testing import LookupEmbedder
 from spasm.harness.measure import persona_questions
 from spasm.testing import TestServer
 from spasm.testing.server import default_reply
-from tests.conftest import config_from, endpoint_config
+from tests.conftest import config_from, endpoint_config, make_persona
 
 register_embedder("lookup", LookupEmbedder)
 
@@ -69,7 +70,7 @@ def test_the_client_is_asked_about_itself_and_q_and_a_is_judged(tmp_path: Path) 
                  if str(b["messages"][-1]["content"]).startswith(PREAMBLE)]
         m = evaluate(run, embedder="lookup", progress=False, consistency=True)
 
-    personas = {str(r["persona_id"]): {str(k): v for k, v in r.items()}
+    personas = {(p := persona_of(r)).id: p
                 for r in pd.read_parquet(run / "personas.parquet").to_dict("records")}
     dialogues = pd.read_parquet(run / "dialogues.parquet")
     turns = pd.read_parquet(run / "turns.parquet").sort_values(["dialogue_id", "turn_index"])
@@ -87,7 +88,8 @@ def test_the_client_is_asked_about_itself_and_q_and_a_is_judged(tmp_path: Path) 
         stored = load_persona_probes(cell)
         assert [(p.field, p.question, p.expected) for p in stored] == expected
         assert [p.answer for p in stored] == [f"ANSWER to {q}" for _, q, _ in expected]
-        assert stored[1].expected == persona["occupation"] and stored[0].expected == str(persona["age"])
+        assert stored[1].expected == persona.fields["occupation"]
+        assert stored[0].expected == str(persona.fields["age"])
         questions += [q for _, q, _ in expected]
     # The server saw exactly these questions, each once, as persona_probe calls.
     assert sorted(q.split(": ", 1)[1] for q in asked) == sorted(questions)
@@ -146,6 +148,6 @@ def test_the_probe_cell_keeps_its_bytes_without_persona_probes() -> None:
         {"field": "age", "question": "How old are you?", "expected": "34", "answer": "34."}
     ]
     assert load_probes(both) == load_probes(plain) and load_persona_probes(both) == asked
-    assert persona_questions({"age": 40, "location": "Oslo", "concern": " "}) == [
+    assert persona_questions(make_persona(age=40, location="Oslo", concern=" ")) == [
         ("age", "How old are you?", "40"), ("location", "Which city do you live in?", "Oslo")
     ]

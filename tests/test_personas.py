@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from spasm.dataset.persona_rows import persona_record
 from spasm.errors import ConfigError
 from spasm.persona_stage import build_personas
 from spasm.personas import load_schema, render_persona_card, rule_violations
@@ -50,15 +51,16 @@ def test_same_seed_same_personas_in_a_fresh_process() -> None:
     code = (
         "import anyio, json; from spasm.persona_stage import build_personas;"
         "from spasm.personas import load_schema;"
+        "from spasm.dataset.persona_rows import persona_record;"
         "r = anyio.run(lambda: build_personas(load_schema(), 5, 123));"
-        "print(json.dumps([{k: v for k, v in p.items() if k != '_calls'} for p in r.accepted]))"
+        "print(json.dumps([persona_record(p) for p in r.accepted]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     import json
 
     there = json.loads(out.stdout)
-    assert [{k: v for k, v in p.items() if k != "_calls"} for p in here] == there
-    assert _build(5, 124).accepted[0]["persona_id"] != here[0]["persona_id"]
+    assert [persona_record(p) for p in here] == there
+    assert _build(5, 124).accepted[0].id != here[0].id
 
 
 def test_rules_reject_the_incoherent_cases() -> None:
@@ -78,8 +80,8 @@ def test_accepted_personas_pass_and_rejections_keep_reasons() -> None:
     result = _build(40, 3)
     assert len(result.accepted) == 40
     for p in result.accepted:
-        assert rule_violations(SCHEMA, p) == []
-        assert 18 <= p["age"] <= 65
+        assert rule_violations(SCHEMA, dict(p.fields)) == []
+        assert 18 <= p.fields["age"] <= 65
     assert result.rejected, "with 40 draws some candidates should fail a rule"
     for r in result.rejected:
         assert r["stage"] == "rules" and r["reasons"] != "[]"
@@ -107,11 +109,12 @@ def test_schema_errors_name_the_problem(tmp_path: Path) -> None:
 
 def test_card_carries_the_fields() -> None:
     p = _build(1, 9).accepted[0]
-    card = render_persona_card(p)
+    card = render_persona_card(dict(p.fields))
+    assert card == p.card
     for key in ("first_name", "occupation", "city", "domain", "concern", "emotion"):
-        value = str(p[key])
+        value = str(p.fields[key])
         assert value.lower() in card.lower(), key
-    assert str(p["age"]) in card
+    assert str(p.fields["age"]) in card
     assert "AI" not in card.split()
 
 

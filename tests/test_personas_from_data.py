@@ -19,7 +19,8 @@ import yaml
 
 from spasm.cli import main
 from spasm.config import parse_config
-from spasm.dataset.rows import SCHEMA_VERSION, persona_row_model, rejection_row_model
+from spasm.dataset.persona_rows import persona_row_model, rejection_row_model
+from spasm.dataset.rows import SCHEMA_VERSION
 from spasm.errors import ConfigError, UserError
 from spasm.personas import load_schema
 from spasm.personas.sources import load_source

@@ -96,7 +96,7 @@ async def crash_once(spec: Any, config: Any, caller: Any, *, marker: str, shard:
     """Simulate a dialogue; the first worker to finish four of shard ``shard``'s dialogues dies
     before handing the fourth back (the earlier ones are committed: flush_every is 1)."""
     result: DialogueResult = await run_dialogue(spec, config, caller)
-    if spec.persona["persona_index"] % 2 == shard and not os.path.exists(marker):
+    if spec.persona.index % 2 == shard and not os.path.exists(marker):
         _FINISHED["n"] += 1
         if _FINISHED["n"] >= 4:
             Path(marker).write_text(str(os.getpid()))

@@ -9,6 +9,7 @@ columns and ids; bad scenario files are a clear error naming the file and the li
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -28,11 +29,12 @@ from spasm.errors import ConfigError
 from spasm.evaluation.compare import compare_conditions, goal_text
 from spasm.evaluation.goals import goal_metrics
 from spasm.evaluation.loader import load_run
+from spasm.personas.persona import Persona
 from spasm.runplan import dialogue_id, plan
 from spasm.scenarios import load_scenarios, parse_scenarios
 from spasm.testing import TestServer
 from spasm.testing.replies import default_reply
-from tests.conftest import config_from, endpoint_config
+from tests.conftest import config_from, endpoint_config, make_persona
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "configs" / "examples" / "scenarios.yaml"
@@ -161,12 +163,12 @@ def test_goal_success_is_compared_pairwise_per_scenario() -> None:
 
 def test_a_persona_scenario_column_runs_that_scenario_only() -> None:
     cfg = parse_config({"scenarios": SCENARIOS})
-    personas = [{"persona_id": "p0", "scenario": "cancel-plan"}, {"persona_id": "p1"}]
+    personas = [make_persona("p0", scenario="cancel-plan"), make_persona("p1", 1)]
     specs = list(plan(cfg, personas))
-    assert [s.scenario.id for s in specs if s.persona["persona_id"] == "p0"] == ["cancel-plan"]
-    assert len([s for s in specs if s.persona["persona_id"] == "p1"]) == 3
+    assert [s.scenario.id for s in specs if s.persona.id == "p0"] == ["cancel-plan"]
+    assert len([s for s in specs if s.persona.id == "p1"]) == 3
     with pytest.raises(ConfigError, match="names scenario 'nope'"):
-        list(plan(cfg, [{"persona_id": "p0", "scenario": "nope"}]))
+        list(plan(cfg, [make_persona("p0", scenario="nope")]))
 
 
 def test_jsonl_csv_and_yaml_files_read_the_same(tmp_path: Path) -> None:
@@ -264,7 +266,7 @@ def test_the_example_config_plans_personas_by_scenarios_by_conditions(
 
     monkeypatch.chdir(ROOT)  # the example names its scenario file from the repository root
     cfg = load_config(ROOT / "configs" / "examples" / "scenarios-run.yaml")
-    specs = list(plan(cfg, [{"persona_id": "p0"}, {"persona_id": "p1"}]))
+    specs = list(plan(cfg, [make_persona("p0"), make_persona("p1", 1)]))
     assert len(specs) == 2 * 3 * 3
     assert {s.condition for s in specs} == {"ecp", "concat", "quoted"}
 
@@ -308,15 +310,15 @@ def test_a_persona_files_scenario_cells_read_as_ids_or_none() -> None:
     """The neighbours of a CSV cell: JSONL numbers, Parquet nulls (NaN), blanks, a schema field."""
     from spasm.scenarios import own_scenario
 
-    def row(value: Any) -> dict[str, Any]:
-        return {"persona_id": "p", "persona_fields": json.dumps({"scenario": value},
-                                                               allow_nan=True)}
+    def row(value: Any) -> Persona:
+        return Persona(id="p", index=0, card="",
+                       source_fields=json.dumps({"scenario": value}, allow_nan=True))
 
     assert own_scenario(row("late-order")) == "late-order"
     assert own_scenario(row(7)) == "7" and own_scenario(row(7.0)) == "7"
     assert [own_scenario(row(v)) for v in (None, "", "  ", float("nan"))] == [None] * 4
-    assert own_scenario({"persona_id": "p", "scenario": "x", **row("y")}) == "x"
-    assert own_scenario({"persona_id": "p", "persona_fields": "{not json"}) is None
+    assert own_scenario(dataclasses.replace(row("y"), fields={"scenario": "x"})) == "x"
+    assert own_scenario(dataclasses.replace(row("y"), source_fields="{not json")) is None
     cfg = parse_config({"scenarios": SCENARIOS})
     with pytest.raises(ConfigError, match="names scenario '7'"):
         list(plan(cfg, [row(7)]))
@@ -341,7 +343,7 @@ def test_a_scenario_column_in_a_run_without_scenarios_is_said_and_a_group_run_re
     from tests.test_group_scenarios import _data, _personas
 
     personas = _personas()
-    personas[2]["persona_fields"] = json.dumps({"Scenario": "cancel-plan"})
+    personas[2] = dataclasses.replace(personas[2], source_fields=json.dumps({"Scenario": "cancel-plan"}))
     cfg = parse_config(_data("http://127.0.0.1:9/v1", scenarios=SCENARIOS), "<t>")
     with pytest.raises(ConfigError, match=r"persona 'p2' names its own scenario \('cancel-plan'\)"):
         list(plan_groups(cfg, personas))

@@ -16,7 +16,7 @@ from spasm.errors import UserError
 from spasm.executors.shards import parallel_shards, share_limits
 from spasm.runplan import Shard
 from spasm.testing import TestServer
-from tests.conftest import endpoint_config
+from tests.conftest import endpoint_config, make_persona
 
 #: Columns that hold wall-clock facts, which differ between any two runs.
 TIMING = ("latency_s", "started_at", "failed_at")
@@ -115,11 +115,11 @@ def test_a_shard_that_does_not_exist_is_refused(
 
 
 def test_shards_partition_the_personas_round_robin() -> None:
-    personas = [{"persona_index": i, "persona_id": f"p{i}"} for i in range(11)]
+    personas = [make_persona(f"p{i}", i) for i in range(11)]
     for n in range(1, 6):
         parts = [Shard(i, n).select(personas) for i in range(n)]
-        ids = [p["persona_id"] for part in parts for p in part]
-        assert sorted(ids) == sorted(p["persona_id"] for p in personas)  # each persona once
+        ids = [p.id for part in parts for p in part]
+        assert sorted(ids) == sorted(p.id for p in personas)  # each persona once
         assert max(map(len, parts)) - min(map(len, parts)) <= 1  # balanced
         assert all(Shard(i, n).select(part) == part for i, part in enumerate(parts))
     assert Shard.parse(" 2 / 5 ") == Shard(2, 5) and str(Shard(2, 5)) == "2/5"

@@ -32,7 +32,7 @@ from spasm.evaluation.reliability import (
 from spasm.runplan import plan
 from spasm.testing import TestServer
 from spasm.testing.replies import default_reply
-from tests.conftest import config_from, endpoint_config
+from tests.conftest import config_from, endpoint_config, make_persona
 from tests.test_scenarios import GOAL_JUDGE
 from tests.test_shards import sorted_rows
 
@@ -104,7 +104,7 @@ def test_every_planned_dialogue_runs_k_times_with_its_own_paired_seed(trial_run:
 
 def test_a_run_without_trials_plans_the_same_ids_and_seeds_as_before(server: TestServer) -> None:
     data = endpoint_config(server.base_url, personas={"n": 2}, scenarios=SCENARIOS)
-    personas = [{"persona_id": f"p{i}", "persona_index": i, "card": "c"} for i in range(2)]
+    personas = [make_persona(f"p{i}", i, "c") for i in range(2)]
     before = [(s.dialogue_id, s.seed, s.trial) for s in plan(config_from(data), personas)]
     once = [(s.dialogue_id, s.seed, s.trial)
             for s in plan(config_from({**data, "trials": 1}), personas)]

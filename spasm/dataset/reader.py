@@ -32,14 +32,8 @@ import pyarrow.parquet as pq
 
 from spasm.backends.base import Message
 from spasm.dataset.integrity import find_damage
-from spasm.dataset.rows import (
-    ROW_MODELS,
-    SCHEMA_VERSION,
-    Persona,
-    Row,
-    arrow_schema,
-    persona_of,
-)
+from spasm.dataset.persona_rows import persona_row
+from spasm.dataset.rows import ROW_MODELS, SCHEMA_VERSION, Row, arrow_schema
 from spasm.errors import FormatError, UserError
 from spasm.history import EVENT_KINDS, Event, History
 from spasm.projection import Viewer, group_viewer, messages_digest, project
@@ -164,7 +158,9 @@ class DialogueView:
     """One dialogue with its persona and turns, and what each agent saw at each turn."""
 
     row: dict[str, Any]
-    persona: Persona | None
+    #: The persona's row, every column as stored (a dict, as this reader has always given:
+    #: ``persona_of`` makes a :class:`~spasm.personas.persona.Persona` of it).
+    persona: dict[str, Any] | None
     turns: list[dict[str, Any]]
     #: A group dialogue's participants (rows of the participants table), in turn order.
     participants: list[dict[str, Any]] = field(default_factory=list)
@@ -389,7 +385,7 @@ class Run:
             found = self._dataset("personas").to_table(
                 filter=pc.field("persona_id") == str(row["persona_id"])
             )
-            persona = persona_of(found.to_pylist()[0]) if found.num_rows else None
+            persona = persona_row(found.to_pylist()[0]) if found.num_rows else None
         participants: list[dict[str, Any]] = []
         if self.has("participants"):
             participants = self._dataset("participants").to_table(

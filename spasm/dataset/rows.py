@@ -6,8 +6,9 @@ its model's fields and the Arrow type each field names (``Annotated[int, INT32]`
 Parquet files, the writer and the reader cannot drift apart.
 
 The personas and persona-rejections tables carry one column per persona-schema field; their
-models are built from the persona schema with :func:`persona_row_model` /
-:func:`rejection_row_model`. A persona row as code passes it around is a :class:`Persona`.
+models, and the :class:`~spasm.personas.persona.Persona` each personas row is to code, live in
+:mod:`spasm.dataset.persona_rows` (the LLM call path and the dialogue loop import this module,
+and they know no persona definitions).
 
 The columns that hold JSON text with a typed shape (``turns.state``, ``state_log``,
 ``checker_verdict``, ``probe``, ``calls.params``) have their models and their one dump/load
@@ -33,15 +34,13 @@ human seat (:func:`human_row_model`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, Required, TypedDict, cast, get_args, get_origin
+from typing import Annotated, Any, ClassVar, get_args, get_origin
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, create_model
 
 from spasm.dataset.columns import AgentState, CallParams, CheckerVerdict, Probe, StateLog
-from spasm.errors import FormatError
 
 __all__ = [
     "JSON_COLUMNS",
@@ -55,7 +54,6 @@ __all__ = [
     "EventRow",
     "GroupTurnRow",
     "ParticipantRow",
-    "Persona",
     "QARow",
     "Row",
     "ScenarioDialogueRow",
@@ -63,9 +61,6 @@ __all__ = [
     "WorldRow",
     "arrow_schema",
     "human_row_model",
-    "persona_of",
-    "persona_row_model",
-    "rejection_row_model",
     "with_trial_column",
 ]
 
@@ -434,110 +429,6 @@ class AnnotationRow(Row):
     role_flip: Annotated[bool | None, BOOL] = None
     note: OptStr = None
     labelled_at: When
-
-
-class _PersonaBase(Row):
-    table: ClassVar[str] = "personas"
-    keys: ClassVar[tuple[str, ...]] = ("persona_index",)
-
-
-class _RejectionBase(Row):
-    table: ClassVar[str] = "persona_rejections"
-    keys: ClassVar[tuple[str, ...]] = ("draw",)
-
-
-#: The columns of the personas table around the persona-schema fields.
-PERSONA_HEAD: dict[str, Any] = {"persona_id": (Str, ...), "persona_index": (I32, ...),
-                                "seed": (I64, 0)}
-PERSONA_TAIL: dict[str, Any] = {
-    "card": (Str, ...),
-    "card_source": (Str, "template"),
-    "verdicts": (Str, "[]"),
-    "schema_name": (OptStr, None),
-    "schema_version": (OptStr, None),
-    # The CharacterPolicy compiled from the card (JSON) and its version (docs/harness.md, "The layers").
-    "policy": (OptStr, None),
-    "policy_version": (OptStr, None),
-    # An imported persona's source fields, verbatim (JSON), so an export gives them back.
-    "persona_fields": (OptStr, None),
-}
-#: The column a run whose personas come from a data file has after the others: the row's id
-#: in that file (its id column, else its 0-based position). Only such runs have it, so the
-#: personas of every other run keep the columns they had.
-SOURCE_COLUMN: dict[str, Any] = {"source_id": (OptStr, None)}
-
-
-class Persona(TypedDict, total=False):
-    """One persona as code passes it: a row of the personas table, a plain ``dict``.
-
-    A TypedDict, not a model, because a persona is a dict at run time everywhere: the persona
-    stage builds it, Arrow and pandas hand it back as a record, templates and the engine read
-    it by key, and its other columns depend on the persona schema. A TypedDict types the
-    columns every persona has without converting or copying a row. Declared here are the fixed
-    columns (:data:`PERSONA_HEAD` and :data:`PERSONA_TAIL`): ``persona_id`` and ``card`` are in
-    every persona (a persona being built has them before it is stored, and the harness and the
-    Client's prompt need them); the others are in every stored row. The schema's own fields
-    (``first_name``, ``concern``, ``emotion``, …) differ from schema to schema, so they are not
-    declared: read them with ``persona.get(name)``. :func:`persona_of` makes one from a record.
-    """
-
-    persona_id: Required[str]
-    card: Required[str]
-    persona_index: int
-    seed: int
-    card_source: str
-    #: JSON: the validation verdicts the persona passed.
-    verdicts: str
-    schema_name: str | None
-    schema_version: str | None
-    #: JSON: the CharacterPolicy compiled from the card, and its version (docs/harness.md, "The layers").
-    policy: str | None
-    policy_version: str | None
-    #: JSON: an imported persona's source fields, verbatim.
-    persona_fields: str | None
-    #: The row id in the data file the persona came from (runs with ``personas.source``).
-    source_id: str | None
-
-
-def persona_of(record: Mapping[Any, Any]) -> Persona:
-    """A record (a table row as a mapping: pandas, Arrow or a plain dict) as a :class:`Persona`.
-
-    Keys become strings; a record without a string ``persona_id`` and ``card`` is not a persona
-    and is reported as a :class:`~spasm.errors.FormatError`.
-    """
-    row = {str(k): v for k, v in record.items()}
-    missing = [k for k in ("persona_id", "card") if not isinstance(row.get(k), str)]
-    if missing:
-        raise FormatError(f"a persona needs {' and '.join(missing)} (a string); this one has "
-                          f"{', '.join(sorted(row)) or 'no fields'}")
-    return cast(Persona, row)
-
-
-def _field_types(field_names: Iterable[str], integer_fields: set[str]) -> dict[str, Any]:
-    return {
-        f: ((Annotated[int | None, INT64], None) if f in integer_fields else (OptStr, None))
-        for f in field_names
-    }
-
-
-def persona_row_model(field_names: Iterable[str], integer_fields: set[str], *,
-                      source: bool = False) -> type[Row]:
-    """The personas row model for one persona schema: fixed columns plus one per field, and
-    ``source_id`` last when the personas come from a data file."""
-    fields = {**PERSONA_HEAD, **_field_types(field_names, integer_fields), **PERSONA_TAIL,
-              **(SOURCE_COLUMN if source else {})}
-    model: type[Row] = create_model("PersonaRow", __base__=_PersonaBase, **fields)
-    return model
-
-
-def rejection_row_model(field_names: Iterable[str], integer_fields: set[str], *,
-                        source: bool = False) -> type[Row]:
-    """Rejected persona candidates, with the stage and reasons (and, for a data file, the
-    row's ``source_id``; ``draw`` is then the row's position in the file)."""
-    fields = {"draw": (I64, ...), **_field_types(field_names, integer_fields),
-              "stage": (Str, ...), "reasons": (Str, ...), **(SOURCE_COLUMN if source else {})}
-    model: type[Row] = create_model("PersonaRejectionRow", __base__=_RejectionBase, **fields)
-    return model
 
 
 #: The JSON columns with a typed shape: table → column → the model of its JSON text.

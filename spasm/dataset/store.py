@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from spasm.dataset.files import atomic_write_json
 from spasm.dataset.integrity import Damage, covered_batches, find_damage, part_record
 from spasm.dataset.outputs import aside_path
+from spasm.dataset.persona_rows import persona_row_model, rejection_row_model
 from spasm.dataset.rows import (
     ROW_MODELS,
     ActionDialogueRow,
@@ -52,8 +53,6 @@ from spasm.dataset.rows import (
     TurnRow,
     arrow_schema,
     human_row_model,
-    persona_row_model,
-    rejection_row_model,
     with_trial_column,
 )
 from spasm.dataset.streaming import merge_sorted, sort_rows, sorting_columns

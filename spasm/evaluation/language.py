@@ -37,6 +37,7 @@ from spasm.language import (
     expected_language,
     is_off_language,
 )
+from spasm.personas.schema import LANGUAGE_FIELD
 
 __all__ = [
     "DEFAULT_LANGUAGE",
@@ -57,6 +58,11 @@ class _Side:
     flagged: int = 0
 
 
+def _language(persona: Mapping[str, object] | None) -> object:
+    """A persona row's language field (``None``: no row, or no such field)."""
+    return persona.get(LANGUAGE_FIELD) if persona else None
+
+
 def language_scan(
     conversations: Sequence[Conversation], personas: Mapping[str, Mapping[str, object]]
 ) -> tuple[LanguageMetrics, dict[str, dict[str, object]]]:
@@ -65,7 +71,7 @@ def language_scan(
     flags: list[LanguageFlag] = []
     n_flagged = 0
     for conv in conversations:
-        expected = expected_language(personas.get(conv.persona_id))
+        expected = expected_language(_language(personas.get(conv.persona_id)))
         seat_personas = conv.seat_personas or (None,) * len(conv.texts)
         sides = {side: _Side() for side in SIDES}
         for index, (speaker, side, seat_persona, text) in enumerate(
@@ -78,7 +84,7 @@ def language_scan(
                 continue
             # A client seat of a group dialogue speaks its own persona's language.
             wanted = (
-                expected_language(personas.get(seat_persona))
+                expected_language(_language(personas.get(seat_persona)))
                 if side == "client" and seat_persona is not None
                 else expected
             )
@@ -94,7 +100,8 @@ def language_scan(
                 )
         if conv.is_group:  # every language one of its seats is expected to speak, "+"-joined
             seats = {p for p, side in zip(seat_personas, conv.sides, strict=True) if p and side == "client"}
-            expected = "+".join(sorted({expected, *(expected_language(personas.get(p)) for p in seats)}))
+            expected = "+".join(sorted({
+                expected, *(expected_language(_language(personas.get(p))) for p in seats)}))
         row: dict[str, object] = {"language_expected": expected}
         for side, s in sides.items():
             row[f"language_compliance_{side}"] = 1 - s.flagged / s.classified if s.classified else None

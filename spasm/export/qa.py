@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from spasm.dataset import QARow, Run, RunStore
 from spasm.dataset.lock import RunLock
-from spasm.dataset.rows import PERSONA_HEAD, PERSONA_TAIL
+from spasm.dataset.persona_rows import PERSONA_HEAD, PERSONA_TAIL
 from spasm.errors import UserError
 from spasm.export.dedup import NUM_PERM, SHINGLE_WORDS, DuplicateIndex, minhash_available
 from spasm.export.scans import REDACTABLE, Finding, PromptRef, ScanContext, prompt_ref, scan_text
@@ -141,7 +141,7 @@ def _persona_languages(run: Run) -> dict[str, str]:
     if "language" not in table.column_names:
         return {}
     ids = table.column("persona_id").to_pylist()
-    return {pid: expected_language({"language": v})
+    return {pid: expected_language(v)
             for pid, v in zip(ids, table.column("language").to_pylist(), strict=True)}
 
 

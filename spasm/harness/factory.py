@@ -8,7 +8,7 @@ nothing of levels, audits or probes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spasm.agents import PlainAgent, TurnAgent
 from spasm.harness.levels import layers
@@ -19,6 +19,7 @@ from spasm.history import Speaker
 
 if TYPE_CHECKING:
     from spasm.config import RunConfig
+    from spasm.personas.persona import Persona
     from spasm.simulation import DialogueHook
 
 __all__ = ["harness_agents", "harness_hooks"]
@@ -26,13 +27,13 @@ __all__ = ["harness_agents", "harness_hooks"]
 
 def harness_agents(
     plain: Sequence[PlainAgent], levels: Sequence[str], config: RunConfig,
-    personas: Sequence[dict[str, Any]], presences: Sequence[Presence | None] | None = None,
+    personas: Sequence[Persona | None], presences: Sequence[Presence | None] | None = None,
 ) -> list[TurnAgent]:
     """Each plain agent inside the layers of its level (level A stays plain), audited when
     ``harness.audit`` is on and its level has no verify layer of its own.
 
-    ``personas``: each agent's (in a two-party dialogue both get the Client's); ``presences``:
-    in a group dialogue, each seat's view of the group."""
+    ``personas``: each agent's (a client's own; ``None`` for a responder, which is never
+    handed a persona); ``presences``: in a group dialogue, each seat's view of the group."""
     out: list[TurnAgent] = []
     seats = presences if presences is not None else [None] * len(plain)
     for agent, level, persona, presence in zip(plain, levels, personas, seats, strict=True):
@@ -47,7 +48,7 @@ def harness_agents(
 
 
 def harness_hooks(
-    config: RunConfig, personas: Mapping[Speaker, Mapping[str, Any]] | None = None
+    config: RunConfig, personas: Mapping[Speaker, Persona] | None = None
 ) -> list[DialogueHook]:
     """What measures the agents after the dialogue: the recall probes, then each client's
     persona probes (``personas``: the persona of each client speaker), each when asked for."""

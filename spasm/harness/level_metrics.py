@@ -32,11 +32,12 @@ from spasm.dataset.columns import (
     load_state_log,
     load_verdict,
 )
-from spasm.dataset.rows import Persona, persona_of
+from spasm.dataset.persona_rows import persona_of
 from spasm.harness.context import classify_intent, content_words, dialogue_act
 from spasm.harness.levels import LEVELS, layers
 from spasm.harness.policy import CharacterPolicy, baseline_client_policy, parse_stored_policy
 from spasm.harness.state import MAX_STEP
+from spasm.personas.persona import Persona
 
 __all__ = [
     "DEFINITIONS", "MEASUREMENT_ROLES", "ONE_OFF_ROLES", "RESAMPLES", "adjusted_tokens",
@@ -315,7 +316,8 @@ def dialogue_metrics(
     config = run_config or {}
     role = (config.get("dialogue") or {}).get("responder_role") or "assistant"
     people: dict[str, Persona] = {} if personas is None else {
-        (persona := persona_of(p))["persona_id"]: persona for p in personas.to_dict("records")
+        (persona := persona_of(p, place=i)).id: persona
+        for i, p in enumerate(personas.to_dict("records"))
     }
     cost = calls[~calls.role.isin(MEASUREMENT_ROLES | ONE_OFF_ROLES)]
     adjusted, source = adjusted_tokens(cost, turns, config.get("backends") or {}, cache_discount)

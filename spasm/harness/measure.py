@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from spasm.config import RunConfig
     from spasm.harness.policy import CharacterPolicy
     from spasm.harness.state import AgentState
+    from spasm.personas.persona import Persona
     from spasm.session import DialogueSession
 
 __all__ = [
@@ -66,7 +67,7 @@ class Auditor:
     """Checks one agent's accepted replies in one dialogue (role ``audit``, no rewrite)."""
 
     def __init__(
-        self, agent: TurnAgent, config: RunConfig, persona: dict[str, Any],
+        self, agent: TurnAgent, config: RunConfig, persona: Persona | None,
         presence: Presence | None = None,
     ) -> None:
         self.agent = agent
@@ -114,7 +115,7 @@ class AuditedAgent:
     replace nothing the agent decided, since audited levels have no checker of their own."""
 
     def __init__(
-        self, agent: TurnAgent, config: RunConfig, persona: dict[str, Any],
+        self, agent: TurnAgent, config: RunConfig, persona: Persona | None,
         presence: Presence | None = None,
     ) -> None:
         self.agent = agent
@@ -228,13 +229,13 @@ _PERSONA_PREAMBLE = (
 )
 
 
-def persona_questions(persona: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+def persona_questions(persona: Persona) -> list[tuple[str, str, str]]:
     """``(field, question, expected value)`` for each :data:`PERSONA_QUESTIONS` field the
     persona has (the first present of alternatives), in that order."""
     out = []
     for names, question in PERSONA_QUESTIONS:
         for name in names:
-            value = persona.get(name)
+            value = persona.fields.get(name)
             if value is not None and str(value).strip():
                 out.append((name, question, str(value).strip()))
                 break
@@ -251,7 +252,7 @@ class PersonaProbes:
     any recall probes, as ``{"probes": [...], "persona": [...]}`` (``personas``: the persona of
     each client speaker, ``{"client": ...}`` in a two-party dialogue)."""
 
-    def __init__(self, config: RunConfig, personas: Mapping[Speaker, Mapping[str, Any]]) -> None:
+    def __init__(self, config: RunConfig, personas: Mapping[Speaker, Persona]) -> None:
         self.config = config
         self.personas = personas
 
@@ -273,7 +274,7 @@ class PersonaProbes:
 
 
 async def persona_probes(
-    agent: TurnAgent, persona: Mapping[str, Any], history: History, session: DialogueSession
+    agent: TurnAgent, persona: Persona, history: History, session: DialogueSession
 ) -> list[PersonaProbe]:
     """Put each of :func:`persona_questions` to the agent: one call each (role
     ``persona_probe``, temperature 0, on the agent's own backend, since what is measured is

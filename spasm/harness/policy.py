@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import anyio
 from pydantic import Field
@@ -33,6 +33,7 @@ from spasm.seeds import derive_seed
 
 if TYPE_CHECKING:
     from spasm.calls import Caller, CallScope
+    from spasm.personas.persona import Persona
 
 __all__ = [
     "POLICY_VERSION",
@@ -105,12 +106,10 @@ def _you(motivation: str) -> str:
     return f"{_VERB.get(head, head)} {rest}".strip()
 
 
-def baseline_client_policy(persona: Mapping[str, Any], responder_role: str) -> CharacterPolicy:
-    """The policy every Client gets from its fields, before (or without) an LLM extraction.
-
-    ``persona`` is a :class:`~spasm.dataset.rows.Persona` or any mapping of its schema fields
-    (only those are read, each when present)."""
-    p = persona
+def baseline_client_policy(persona: Persona, responder_role: str) -> CharacterPolicy:
+    """The policy every Client gets from its persona's schema fields (each read when present),
+    before (or without) an LLM extraction."""
+    p = persona.fields
     facts: list[str] = []
     if p.get("first_name"):
         facts.append(f"Your name is {p['first_name']}.")
@@ -230,7 +229,7 @@ async def _extract(
 async def client_policy(
     caller: Caller,
     backend: str,
-    persona: Mapping[str, Any],
+    persona: Persona,
     responder_role: str,
     scope: CallScope,
     *,
@@ -245,21 +244,20 @@ async def client_policy(
     """
     from spasm.errors import BackendError
 
-    key = ("client", str(persona["persona_id"]))
+    key = ("client", persona.id)
     baseline = baseline_client_policy(persona, responder_role)
     try:
-        return await PolicyBook.get(caller, backend, key, baseline, str(persona["card"]), scope,
+        return await PolicyBook.get(caller, backend, key, baseline, persona.card, scope,
                                     temperature=temperature, seed=derive_seed("policy", *key))
     except BackendError:
         return baseline, True, True
 
 
-def parse_stored_policy(persona: Mapping[str, Any]) -> CharacterPolicy | None:
-    """The policy stored with a persona (its ``policy`` and ``policy_version`` columns: a
-    :class:`~spasm.dataset.rows.Persona` or any mapping), if there is one of the current
-    version."""
-    raw = persona.get("policy")
-    if not raw or persona.get("policy_version") != POLICY_VERSION:
+def parse_stored_policy(persona: Persona) -> CharacterPolicy | None:
+    """The policy stored with a persona (its ``policy`` and ``policy_version`` columns), if
+    there is one of the current version."""
+    raw = persona.policy
+    if not raw or persona.policy_version != POLICY_VERSION:
         return None
     return CharacterPolicy.model_validate_json(raw)
 

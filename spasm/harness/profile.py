@@ -10,9 +10,9 @@ every other participant is labelled by its id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spasm.agents import responder_system_prompt
 from spasm.errors import BackendError
@@ -29,6 +29,7 @@ from spasm.seeds import derive_seed
 
 if TYPE_CHECKING:
     from spasm.config import RunConfig
+    from spasm.personas.persona import Persona
     from spasm.session import DialogueSession
 
 __all__ = ["Presence", "Profile", "profile_of", "resolve_policy"]
@@ -99,11 +100,11 @@ class Profile:
 
 
 def profile_of(
-    speaker: Speaker, backend: str, config: RunConfig, persona: Mapping[str, Any],
+    speaker: Speaker, backend: str, config: RunConfig, persona: Persona | None,
     presence: Presence | None = None,
 ) -> Profile:
     """The profile of the agent ``speaker`` whose utterances ``backend`` writes (``persona``:
-    a :class:`~spasm.dataset.rows.Persona`; only its ``first_name`` is read, when present);
+    the Client's, ``None`` for a Responder; only its ``first_name`` is read, when present);
     with ``presence``, of a group seat: named and labelling others by participant id."""
     if presence is not None:
         return Profile(
@@ -121,7 +122,8 @@ def profile_of(
         "responder": f"The {role}" if speaker == "client" else "You",
     }
     name = (
-        str(persona.get("first_name") or "the client") if speaker == "client" else f"the {role}"
+        str((persona.fields.get("first_name") if persona is not None else None) or "the client")
+        if speaker == "client" else f"the {role}"
     )
     return Profile(
         speaker=speaker,
@@ -137,7 +139,7 @@ def profile_of(
 
 
 async def resolve_policy(
-    profile: Profile, persona: Mapping[str, Any], config: RunConfig, session: DialogueSession
+    profile: Profile, persona: Persona | None, config: RunConfig, session: DialogueSession
 ) -> tuple[CharacterPolicy, int]:
     """The agent's policy and how many fallbacks resolving it cost this dialogue (0 or 1).
 
@@ -147,6 +149,8 @@ async def resolve_policy(
     """
     hc = config.harness
     if profile.seat == "client":
+        if persona is None:
+            raise ValueError(f"the client agent {profile.speaker!r} needs its persona")
         stored = parse_stored_policy(persona)
         if stored is not None:
             return stored, 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spasm.agents import (
     Draft,
@@ -83,6 +83,7 @@ from spasm.session import TurnMeter
 if TYPE_CHECKING:
     from spasm.calls import Structured
     from spasm.config import RunConfig
+    from spasm.personas.persona import Persona
     from spasm.session import DialogueSession
 
 __all__ = ["HarnessedAgent"]
@@ -107,11 +108,12 @@ class _Prepared:
 class HarnessedAgent:
     """A plain agent inside the layers of its level, for one dialogue (state never shared).
 
-    In a group dialogue ``presence`` is its seat's view of the group (``persona``: the seat's
-    own persona, empty for a responder seat)."""
+    ``persona``: the Client's (a client seat's own in a group dialogue); ``None`` for a
+    Responder, which is never handed one. In a group dialogue ``presence`` is its seat's view
+    of the group."""
 
     def __init__(
-        self, inner: PlainAgent, level: str, config: RunConfig, persona: dict[str, Any],
+        self, inner: PlainAgent, level: str, config: RunConfig, persona: Persona | None,
         presence: Presence | None = None,
     ) -> None:
         self.inner = inner
@@ -121,6 +123,8 @@ class HarnessedAgent:
         self.persona = persona
         self.profile = profile_of(inner.speaker, inner.backend, config, persona, presence)
         client = self.profile.seat == "client"
+        if client and persona is None:
+            raise ValueError(f"the client agent {inner.speaker!r} needs its persona")
         self.policy: CharacterPolicy | None = None
         #: The plain agent that writes this agent's drafts: ``inner`` in the orchestrated
         #: frame once the policy layer has compiled it (:meth:`setup`).
@@ -128,16 +132,18 @@ class HarnessedAgent:
         self.state: AgentState | None = None
         if self.layers.state:
             self.state = (
-                initial_client_state(persona) if client
+                initial_client_state(persona) if persona is not None and client
                 else initial_responder_state(self.profile.role)
             )
         # The Client knows what it came about; the Responder learns it from the conversation.
         self.context = StructuredContext(
-            topic=str(persona.get("domain") or "") if client else ""
+            topic=str(persona.fields.get("domain") or "") if persona is not None and client
+            else ""
         )
         self.intent: Intent | None = (
-            classify_intent(f"{persona.get('motivation', '')} {persona.get('concern', '')}")
-            if client else None
+            classify_intent(f"{persona.fields.get('motivation', '')} "
+                            f"{persona.fields.get('concern', '')}")
+            if persona is not None and client else None
         )
         self.examples: list[Example] = []
         if self.layers.retrieval and self.hc.corpus:
@@ -188,7 +194,7 @@ class HarnessedAgent:
         if p.seat != "client":
             return self.inner.system_prompt
         if p.presence is None:
-            return client_instructions(p.role, self.persona.get("language"))
+            return client_instructions(p.role, self.persona.language if self.persona else None)
         return group_client_instructions(p.speaker, p.presence.seats, p.presence.instructions)
 
     # -- one turn --------------------------------------------------------------------------

@@ -20,9 +20,8 @@ When the update is missing or malformed the previous state is kept unchanged.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BeforeValidator, Field
 
@@ -48,6 +47,7 @@ from spasm.harness._types import Line, Phrase, Reply, Score
 if TYPE_CHECKING:
     from spasm.backends.base import Message
     from spasm.calls import Caller, CallScope, Structured
+    from spasm.personas.persona import Persona
 
 __all__ = [
     "DECAY",
@@ -248,9 +248,10 @@ _EMOTION_MAP: dict[str, tuple[str, ...]] = {
 _INTENSITY = {"mild": 62, "moderate": 74, "severe": 86}
 
 
-def initial_client_state(persona: Mapping[str, Any]) -> AgentState:
-    """The Client's state before the first message, from its persona fields (a
-    :class:`~spasm.dataset.rows.Persona` or any mapping of them; each is read when present)."""
+def initial_client_state(client: Persona) -> AgentState:
+    """The Client's state before the first message, from its persona's schema fields (each is
+    read when present)."""
+    persona = client.fields
     level = _INTENSITY.get(str(persona.get("intensity")), 74)
     emotions = {e: level for e in _EMOTION_MAP.get(str(persona.get("emotion")), ())}
     if persona.get("emotion") == "skeptical":

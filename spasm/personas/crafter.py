@@ -7,7 +7,10 @@ richer prose; both the card and the fields are stored.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spasm.backends.base import Message
 
 _STYLE = {
     "verbosity": {
@@ -49,9 +52,10 @@ def _article(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-def render_persona_card(persona: dict[str, Any]) -> str:
-    """The template card, in the second person, as the Client's system prompt starts."""
-    p = persona
+def render_persona_card(fields: dict[str, Any]) -> str:
+    """The template card of a candidate's ``fields``, in the second person, as the Client's
+    system prompt starts."""
+    p = fields
     parts: list[str] = []
     identity = ""
     if "age" in p and "occupation" in p:
@@ -88,7 +92,7 @@ def render_persona_card(persona: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def rewrite_messages(card: str) -> list[dict[str, str]]:
+def rewrite_messages(card: str) -> list[Message]:
     """The prompt of the optional LLM rewrite into richer prose."""
     return [
         {

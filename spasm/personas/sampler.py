@@ -14,22 +14,22 @@ from spasm.personas.schema import ChoiceField, DerivedField, IntegerField, Perso
 
 
 def sample_candidate(schema: PersonaSchema, rng: random.Random) -> dict[str, Any]:
-    """Draw one candidate persona (not yet validated)."""
-    persona: dict[str, Any] = {}
+    """Draw one candidate persona's fields (not yet validated)."""
+    fields: dict[str, Any] = {}
     chosen: dict[str, Any] = {}
     for name, spec in schema.fields.items():
         if isinstance(spec, IntegerField):
-            persona[name] = rng.randint(spec.min, spec.max)
+            fields[name] = rng.randint(spec.min, spec.max)
         elif isinstance(spec, ChoiceField):
             choice = rng.choices(spec.values, weights=[c.weight for c in spec.values])[0]
             chosen[name] = choice
-            persona[name] = choice.value
+            fields[name] = choice.value
     for name, spec in schema.fields.items():
         if isinstance(spec, DerivedField):
             src = spec.from_.partition(".")[0]
             pool = chosen[src].concerns
-            persona[name] = rng.choice(pool) if pool else ""
-    return persona
+            fields[name] = rng.choice(pool) if pool else ""
+    return fields
 
 
 def candidates(schema: PersonaSchema, seed: int) -> Iterator[dict[str, Any]]:

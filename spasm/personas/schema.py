@@ -128,15 +128,15 @@ class Rule(_Strict):
     when: dict[str, Condition] = {}
     require: dict[str, Condition]
 
-    def violation(self, persona: dict[str, Any]) -> str | None:
-        """The reason this rule rejects ``persona``, or ``None`` if it passes."""
-        if not all(c.holds(persona.get(f)) for f, c in self.when.items()):
+    def violation(self, fields: dict[str, Any]) -> str | None:
+        """The reason this rule rejects a candidate's ``fields``, or ``None`` if it passes."""
+        if not all(c.holds(fields.get(f)) for f, c in self.when.items()):
             return None
-        failed = [f for f, c in self.require.items() if not c.holds(persona.get(f))]
+        failed = [f for f, c in self.require.items() if not c.holds(fields.get(f))]
         if not failed:
             return None
         detail = ", ".join(
-            f"{f}={persona.get(f)!r} (needs {self.require[f].describe()})" for f in failed
+            f"{f}={fields.get(f)!r} (needs {self.require[f].describe()})" for f in failed
         )
         return f"{self.id}: {self.description} [{detail}]"
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
 from spasm.personas.schema import PersonaSchema
+
+if TYPE_CHECKING:
+    from spasm.backends.base import Message
 
 
 class PersonaVerdict(BaseModel):
@@ -19,14 +22,14 @@ class PersonaVerdict(BaseModel):
     reason: str
 
 
-def rule_violations(schema: PersonaSchema, persona: dict[str, Any]) -> list[str]:
-    """Reasons the schema's rules reject ``persona`` (empty when it passes)."""
-    return [r for rule in schema.rules if (r := rule.violation(persona)) is not None]
+def rule_violations(schema: PersonaSchema, fields: dict[str, Any]) -> list[str]:
+    """Reasons the schema's rules reject a candidate's ``fields`` (empty when it passes)."""
+    return [r for rule in schema.rules if (r := rule.violation(fields)) is not None]
 
 
-def llm_validation_messages(persona: dict[str, Any]) -> list[dict[str, str]]:
-    """The prompt of the optional LLM coherence check."""
-    lines = "\n".join(f"- {k}: {v}" for k, v in persona.items())
+def llm_validation_messages(fields: dict[str, Any]) -> list[Message]:
+    """The prompt of the optional LLM coherence check of a candidate's ``fields``."""
+    lines = "\n".join(f"- {k}: {v}" for k, v in fields.items())
     return [
         {
             "role": "system",

@@ -85,7 +85,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     if config.participants is None:
         personas = anyio.run(personas_of, config,
                              args.run_dir if args.run_dir is not None else args.out)
-        persona_id = pick_persona(personas, args.persona)
+        persona_id = pick_persona([p.id for p in personas], args.persona)
     elif args.persona is not None:
         raise UserError("--persona: a group config draws its seats' personas; leave it out")
     setup = play_config(config, args.seat, persona_id=persona_id, scenario=args.scenario,

@@ -20,13 +20,13 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from spasm.backends import Backend, ChatRequest, Completion
 from spasm.backends.human import HumanBackend, Person
 from spasm.config import RunConfig, parse_config
 from spasm.engine import Engine
 from spasm.errors import UserError
+from spasm.personas.persona import Persona
 from spasm.run_summary import RunSummary
 from spasm.runplan import make_backends
 from spasm.scenarios import run_scenarios
@@ -146,9 +146,9 @@ def play_config(
     return PlaySetup(parse_config(data, "the play config"), name, seat, replaced, tuple(notes))
 
 
-def pick_persona(personas: list[dict[str, Any]], wanted: str | None) -> str:
-    """The persona id ``--persona`` names: an id, a unique start of one, or a 0-based index."""
-    ids = [str(p["persona_id"]) for p in personas]
+def pick_persona(ids: list[str], wanted: str | None) -> str:
+    """The persona id ``--persona`` names among ``ids`` (the run's, in order): an id, a unique
+    start of one, or a 0-based index."""
     if not ids:
         raise UserError("the config draws no persona")
     if wanted is None:
@@ -217,7 +217,7 @@ def _seat_backend(config: RunConfig, speaker: str) -> str:
     return pairing.client if speaker == "client" else pairing.responder
 
 
-async def personas_of(config: RunConfig, out: Path) -> list[dict[str, Any]]:
+async def personas_of(config: RunConfig, out: Path) -> list[Persona]:
     """The personas a config draws (stored ones when ``out`` holds the run), without a model
     call: their ids are a function of the schema, seed and fields."""
     engine = Engine(config, out, progress=False)

@@ -294,11 +294,14 @@ class Desk:
                             "(an imported run?); play a run spasm generated")
         return self.config_or_none
 
-    def personas(self) -> list[dict[str, Any]]:
+    def persona_ids(self) -> list[str]:
+        """The ids of the run's personas, in the table's order."""
         from spasm.dataset import open_run
 
         run = open_run(self.run_dir, verify=False)
-        return run.table("personas", ["persona_id"]).to_pylist() if run.has("personas") else []
+        if not run.has("personas"):
+            return []
+        return [str(p) for p in run.table("personas", ["persona_id"]).column("persona_id").to_pylist()]
 
     def check_csrf(self, request: Request) -> None:
         given = request.headers.get("x-spasm-csrf", "")
@@ -333,7 +336,7 @@ class Desk:
             scenario, condition = fork["scenario"], fork["condition"]
         seat = seat_of(config, seat)
         if config.participants is None:  # the run's own personas (a group draws its seats)
-            persona_id = pick_persona(self.personas(), persona_id)
+            persona_id = pick_persona(self.persona_ids(), persona_id)
         elif persona_id is not None:
             raise UserError("persona: a group run draws its seats' personas; leave it out")
         if condition is not None and condition not in config.conditions:

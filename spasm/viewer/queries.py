@@ -28,7 +28,8 @@ import duckdb
 import pyarrow as pa
 
 from spasm.dataset import DialogueView, Run, open_run
-from spasm.dataset.rows import PERSONA_HEAD, PERSONA_TAIL, ROW_MODELS, persona_of
+from spasm.dataset.persona_rows import PERSONA_HEAD, PERSONA_TAIL, persona_row
+from spasm.dataset.rows import ROW_MODELS
 from spasm.viewer.listing import ListQuery, where_clause
 
 __all__ = ["Facets", "ListPage", "RunIndex"]
@@ -292,7 +293,7 @@ class RunIndex:
         # A run with tools: the events (what each agent saw is rebuilt with them) and worlds.
         events, worlds = (self._select(snap, t, "dialogue_id = $id", {"id": dialogue_id},
                                        "ORDER BY seq") for t in ("events", "worlds"))
-        return DialogueView(row, persona_of(personas[0]) if personas else None, turns, seats,
+        return DialogueView(row, persona_row(personas[0]) if personas else None, turns, seats,
                             events, worlds)
 
     def counterparts(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
