@@ -169,10 +169,19 @@ class Usage:
     cost: float = 0.0
     cache_hits: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
+    #: What people typed in their seats (``kind: human``), by role: turns and the tokens of
+    #: their text, never in the model totals above (no model read or wrote them).
+    typed_turns: Counter[str] = field(default_factory=Counter)
+    typed_tokens: Counter[str] = field(default_factory=Counter)
 
     @property
     def total_tokens(self) -> int:
         return sum(self.prompt_tokens.values()) + sum(self.completion_tokens.values())
+
+    def typed(self) -> dict[str, int]:
+        """What people typed (turns, tokens of their text); empty in a run without people."""
+        turns = sum(self.typed_turns.values())
+        return {"typed_turns": turns, "typed_tokens": sum(self.typed_tokens.values())} if turns else {}
 
     def by_role(self) -> dict[str, dict[str, int]]:
         roles = sorted(set(self.calls) | set(self.prompt_tokens))
@@ -279,6 +288,10 @@ class Caller:
             )
 
     def _account(self, role: str, backend: str, c: Completion) -> None:
+        if self.backends[backend].typed_by_person:
+            self.usage.typed_turns[role] += 1
+            self.usage.typed_tokens[role] += c.completion_tokens
+            return
         prices = self.configs[backend].prices
         self.usage.prompt_tokens[role] += c.prompt_tokens
         self.usage.completion_tokens[role] += c.completion_tokens
@@ -303,6 +316,8 @@ class Caller:
         cache_hit: bool = False,
     ) -> CallRow:
         self.usage.outcomes[outcome] += 1
+        # A person's reply is no model's: its row says no model tokens (the turn has its length).
+        model = completion if completion is not None and not backend.typed_by_person else None
         row = CallRow(
             call_id=f"{self.pass_id}:{scope.next_id()}",
             dialogue_id=scope.dialogue_id,
@@ -314,9 +329,9 @@ class Caller:
             request_hash=key,
             params=dump_params(request.params()),
             attempt=attempt,
-            prompt_tokens=completion.prompt_tokens if completion else 0,
-            completion_tokens=completion.completion_tokens if completion else 0,
-            cached_tokens=completion.cached_tokens if completion else 0,
+            prompt_tokens=model.prompt_tokens if model else 0,
+            completion_tokens=model.completion_tokens if model else 0,
+            cached_tokens=model.cached_tokens if model else 0,
             latency_s=latency,
             cache_hit=cache_hit,
             outcome=outcome,

@@ -394,7 +394,8 @@ class Engine:
             raise
         finally:
             summary.elapsed_s = time.perf_counter() - t0
-            summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost}
+            summary.usage = {"total_tokens": caller.usage.total_tokens, "cost": caller.usage.cost,
+                             **caller.usage.typed()}
             summary.rate_limits = caller.rate_limit_report()
             with anyio.CancelScope(shield=True):
                 if planned_ids:  # what is stored, read back: never what ran

@@ -166,6 +166,10 @@ class RunSummary:
             parts.append(f"{self.errors} quarantined ({why})")
         tokens = self.usage.get("total_tokens", 0)
         parts.append(f"{tokens:,} tokens")
+        typed = self.usage.get("typed_turns", 0)
+        if typed:  # a person's text is no model's output: counted apart, never in the tokens
+            parts.append(f"{typed} turn{'s' * (typed != 1)} typed by a person "
+                         f"({self.usage.get('typed_tokens', 0):,} tokens of text, not model tokens)")
         cost = self.usage.get("cost", 0.0)
         if cost:
             parts.append(f"cost {cost:.4f}")
@@ -294,6 +298,7 @@ def manifest_record(
             "cost": caller.usage.cost,
             "cache_hits": caller.usage.cache_hits,
             "call_outcomes": dict(caller.usage.outcomes),
+            **caller.usage.typed(),
         },
         "timing": {"elapsed_s": summary.elapsed_s},
         "rate_limits": caller.rate_limit_report(),

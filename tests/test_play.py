@@ -367,3 +367,73 @@ def test_a_run_written_in_one_step_keeps_who_filled_each_seat(tmp_path: Path) ->
                        persona_fields=([], set()))
     stored = pq.read_schema(next((tmp_path / "models" / "dialogues.parquet").glob("*.parquet")))
     assert "client_kind" not in stored.names
+
+
+def _play_in_process(cfg: Path, out: Path, first: bytes, *flags: str) -> tuple[int, Any]:
+    """``spasm play`` in this process on a pipe that stays open: ``first`` is written, then
+    nothing more (a person who says no more)."""
+    from unittest import mock
+
+    read, write = os.pipe()
+    os.write(write, first)
+    stdin = os.fdopen(read, "r", encoding="utf-8")
+    try:
+        with mock.patch.object(sys, "stdin", stdin):
+            code = main(["play", "--config", str(cfg), "--seat", "client", "--out", str(out), *flags])
+    finally:
+        os.close(write)
+        stdin.close()
+    return code, stdin
+
+
+def test_a_person_silent_past_the_idle_timeout_ends_the_dialogue_keeping_what_was_said(
+        tmp_path: Path, server: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A person who goes silent (issue 26): without --idle-timeout the session waits as long
+    as it takes, and says so; with one, the prompt that gets no line in time ends the dialogue
+    there, saved like an /end (termination_reason person_silent). The first line is in the
+    pipe at once; the second never comes, so the 1 s timeout ends it (not a measurement)."""
+    out = tmp_path / "run"
+    code, _ = _play_in_process(_config(tmp_path, server.base_url), out, b"Hello, my order is missing.\n",
+                               "--idle-timeout", "1")
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "If you send no line for 1 s after a prompt" in printed
+    assert "nothing typed for 1 s: the conversation ends here" in printed and "Saved:" in printed
+    assert "How would you rate" not in printed  # a silent person is not asked the debrief
+    dialogue, turns, _ = _read(out)
+    assert dialogue["termination_reason"] == "person_silent"
+    assert dialogue["termination_detail"] == "no line from the person for 1 s (--idle-timeout)"
+    assert [(t["speaker"], t["text"]) for t in turns][:1] == [("client", "Hello, my order is missing.")]
+    assert [t["speaker"] for t in turns] == ["client", "responder"]
+    assert open_run(out).manifest["status"] == "complete"
+    assert main(["play", "--config", str(tmp_path / "play.yaml"), "--seat", "client", "--out",
+                 str(tmp_path / "x"), "--idle-timeout", "soon"]) == 2
+    assert "--idle-timeout 'soon': give a positive duration" in capsys.readouterr().err
+
+
+def test_what_a_person_types_is_counted_apart_from_the_model_tokens(
+        tmp_path: Path, server: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A person's turns are no model's output (issue 26): their call rows carry no tokens, the
+    run's token total and the dialogue's token columns are the models' alone, and the summary
+    line and the manifest count the person's turns and the tokens of their text apart."""
+    out = tmp_path / "run"
+    code, _ = _play_in_process(_config(tmp_path, server.base_url), out,
+                               b"Hi, my internet bill doubled.\nI was charged for a router I returned.\n"
+                               b"/end\n\n")
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    dialogue, turns, calls = _read(out)
+    mine = [t for t in turns if t["speaker"] == "client"]
+    typed = sum(t["n_tokens"] for t in mine)
+    assert len(mine) == 2 and typed > 0  # the turn keeps its text's length
+    human = [c for c in calls if c["backend"] == "human"]
+    assert len(human) == 2 and all(c["prompt_tokens"] == c["completion_tokens"] == 0 for c in human)
+    model_tokens = sum(c["prompt_tokens"] + c["completion_tokens"] for c in calls)
+    assert model_tokens > 0
+    usage = open_run(out).manifest["usage"]
+    assert usage["total_tokens"] == model_tokens
+    assert (usage["typed_turns"], usage["typed_tokens"]) == (2, typed)
+    assert dialogue["completion_tokens"] == sum(c["completion_tokens"] for c in calls
+                                                if c["dialogue_id"] == dialogue["dialogue_id"])
+    assert (f"{model_tokens:,} tokens; 2 turns typed by a person ({typed:,} tokens of text, "
+            "not model tokens)") in printed

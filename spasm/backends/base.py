@@ -155,6 +155,9 @@ class Backend(ABC):
     #: Whether a reply may be cached and replayed (:mod:`spasm.calls`): a model's reply is a
     #: function of the request; a ``python`` backend's only when its config says so.
     cacheable: bool = True
+    #: A person answers (``kind: human``): the reply is typed text, not a model's tokens, so
+    #: the caller counts it apart from the run's token totals, cost and caps (:mod:`spasm.calls`).
+    typed_by_person: bool = False
 
     @property
     def identity(self) -> str:

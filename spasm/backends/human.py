@@ -14,7 +14,11 @@ layer stores with the turn (:mod:`spasm.people`).
 
 It goes through :class:`~spasm.calls.Caller` like any backend (logged in the calls table), but
 is never cached or replayed (``cacheable = False``), never retried by timeout (a person takes the
-time they take: ``timeout_s`` is not applied) and takes one request at a time. A person who
+time they take: ``timeout_s`` is not applied) and takes one request at a time. What a person
+types is not a model's output (``typed_by_person``): its call rows carry no tokens, and the run
+counts the person's turns and the tokens of their text apart (``typed_turns``, ``typed_tokens``
+in the summary line and the manifest's ``usage``), never in the model token totals, the cost
+or the token cap; the turn itself keeps its text's length (``turns.n_tokens``). A person who
 ends the dialogue (``/end``, Ctrl-D, Ctrl-C) raises :class:`~spasm.errors.ParticipantLeft`
 from the person: the dialogue stops there and is saved.
 
@@ -72,6 +76,7 @@ class HumanBackend(Backend):
 
     cacheable = False
     max_concurrency = 1
+    typed_by_person = True
 
     def __init__(self, name: str, cfg: BackendConfig, person: Person | None = None) -> None:
         self.name = name

@@ -36,6 +36,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--condition", help="ecp, concat or quoted (default: the config's first)")
     p.add_argument("--operator", help="your pseudonym in the run (default: a fresh op-xxxxxx; "
                    "never your real name unless you type it here)")
+    p.add_argument("--idle-timeout", metavar="DURATION",
+                   help="end the dialogue (keeping what was said; termination_reason "
+                   "person_silent) when no line comes this long after a prompt: seconds or 30m, "
+                   "1h (default: wait as long as it takes)")
     p.add_argument("--out", type=Path, required=True, help="run directory for the session")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it holds a run")
     p.set_defaults(func=cmd_play)
@@ -72,12 +76,25 @@ def _stored_operator(out: Path) -> str | None:
     return found[0] if found and isinstance(found[0], str) else None
 
 
+def _idle_timeout(text: str | None) -> float | None:
+    """``--idle-timeout``: seconds (``90``) or a duration (``30m``, ``1h``, ``1h30m``)."""
+    from spasm.limits import parse_duration
+
+    if text is None:
+        return None
+    seconds = parse_duration(text)
+    if seconds is None or seconds <= 0:
+        raise UserError(f"--idle-timeout {text!r}: give a positive duration, e.g. 90 (seconds), "
+                        "30m or 1h")
+    return seconds
+
+
 def cmd_play(args: argparse.Namespace) -> int:
     import anyio
 
     from spasm.exits import RUN_EXIT, interrupted, outcome_code
     from spasm.play.session import new_operator, personas_of, pick_persona, play, play_config
-    from spasm.play.terminal import TerminalPerson
+    from spasm.play.terminal import TerminalPerson, duration_text
 
     config = _load(args)
     operator = args.operator or (None if args.overwrite else _stored_operator(args.out)) or new_operator()
@@ -90,11 +107,16 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise UserError("--persona: a group config draws its seats' personas; leave it out")
     setup = play_config(config, args.seat, persona_id=persona_id, scenario=args.scenario,
                         condition=args.condition, operator=operator)
-    person = TerminalPerson()
+    idle = _idle_timeout(args.idle_timeout)
+    person = TerminalPerson(idle_timeout_s=idle)
     for note in setup.notes:
         person.say(f"note: {note}")
     person.say(f"You take the {setup.seat} seat as {operator}; the others are "
                f"{setup.replaced} (the config's agents). Saving to {args.out}.")
+    person.say("No time limit: the conversation waits for your line as long as it takes."
+               if idle is None else
+               f"If you send no line for {duration_text(idle)} after a prompt, the conversation ends there "
+               "and what was said is kept.")
     try:
         with person.signals():
             summary = anyio.run(lambda: play(setup, person, args.out, overwrite=args.overwrite))

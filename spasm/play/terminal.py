@@ -8,6 +8,13 @@ one transcript that changes as a whole, so it is shown again whole). They type o
 (``ended_by_person``); ``/help`` says so. A Ctrl-C while the other side is answering ends the
 dialogue at the person's next turn (a second one stops at once, as anywhere).
 
+A person who sends nothing is waited for as long as they take (nothing is held open that
+matters: the dialogue simply resumes with their next line), unless ``idle_timeout_s`` is set
+(``spasm play --idle-timeout 30m``): when that long passes after a prompt without a line, the
+dialogue ends there and keeps what was said (``termination_reason`` ``person_silent``, saved
+like an ``/end``). The wait is timed with ``SIGALRM`` in the main thread, so it interrupts a
+``readline`` prompt and a read from a pipe alike; elsewhere no timer is set.
+
 Only the standard library: ``readline`` for line editing when stdin is a terminal; a plain
 pipe on stdin works the same (one line a turn), so a session can be scripted. A terminal
 measures only the time from the prompt to the line (``typing_ms``); ``edits`` and
@@ -31,10 +38,16 @@ from spasm.backends.base import ChatRequest, Message
 from spasm.backends.human import PersonReply
 from spasm.errors import ParticipantLeft
 
-__all__ = ["TerminalPerson"]
+__all__ = ["SILENT", "TerminalPerson", "duration_text"]
 
 HELP = ("Type your message and press Enter. /end ends the conversation (so do Ctrl-D and "
         "Ctrl-C); what was said is kept.")
+#: ``termination_reason`` of a dialogue that ended because no line came within the idle timeout.
+SILENT = "person_silent"
+
+
+class _Silent(Exception):
+    """Raised by the idle timer's SIGALRM handler into the blocked read."""
 
 #: Who a two-party seat's partner is, by the seat, and how a two-party speaker is labelled.
 _PARTNER = {"client": "Responder", "responder": "Client"}
@@ -45,7 +58,11 @@ class TerminalPerson:
     """A person at a terminal (or a script on a pipe) answering for one seat."""
 
     def __init__(self, stdin: TextIO | None = None, stdout: TextIO | None = None,
-                 width: int | None = None) -> None:
+                 width: int | None = None, idle_timeout_s: float | None = None) -> None:
+        if idle_timeout_s is not None and not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be positive, not {idle_timeout_s!r}")
+        #: Seconds a prompt waits for a line before the dialogue ends (``None``: no limit).
+        self.idle_timeout_s = idle_timeout_s
         self.stdin = stdin if stdin is not None else sys.stdin
         self.out = stdout if stdout is not None else sys.stdout
         self.width = width or min(100, shutil.get_terminal_size((88, 24)).columns)
@@ -127,8 +144,9 @@ class TerminalPerson:
         for speaker, text in transcript[self._seen:]:
             self._block(_LABEL.get(speaker, speaker), text)
         self.say(f"-- the conversation has ended ({reason}) --")
-        if self.ended_by_person and self._left is not None and "Ctrl" in self._left:
-            return {}  # the input is closed or interrupted: nothing more to ask
+        if self.ended_by_person and self._left is not None and (
+                "Ctrl" in self._left or "--idle-timeout" in self._left):
+            return {}  # the input is closed, interrupted or silent: nothing more to ask
         out: dict[str, Any] = {}
         with contextlib.suppress(ParticipantLeft):
             if goal:
@@ -167,11 +185,39 @@ class TerminalPerson:
         self.say()
         return ParticipantLeft(detail)
 
+    @contextlib.contextmanager
+    def _idle_timer(self) -> Iterator[None]:
+        """While a prompt waits for a line: :class:`_Silent` once ``idle_timeout_s`` has passed
+        (main thread only; without a timeout, or elsewhere, nothing is set)."""
+        if self.idle_timeout_s is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_alarm(signum: int, frame: FrameType | None) -> None:
+            raise _Silent
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, self.idle_timeout_s)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
     def _read(self) -> PersonReply:
         t0 = time.monotonic()
         while True:
             try:
-                line = self._line("you> ")
+                with self._idle_timer():
+                    line = self._line("you> ")
+            except _Silent:
+                wait = duration_text(self.idle_timeout_s or 0)
+                self._left = f"no line from the person for {wait} (--idle-timeout)"
+                self.ended_by_person = True
+                self.say()
+                self.say(f"(nothing typed for {wait}: the conversation ends here; what was said "
+                         "is kept)")
+                raise ParticipantLeft(self._left, reason=SILENT) from None
             except EOFError:
                 raise self._leave("the person closed the input (Ctrl-D)") from None
             except KeyboardInterrupt:
@@ -193,9 +239,10 @@ class TerminalPerson:
         """A short answer from ``accepted`` (lower-cased), ``None`` when skipped or ended."""
         while True:
             try:
-                answer = self._line(prompt).strip().lower()
-            except (EOFError, KeyboardInterrupt):
-                raise ParticipantLeft("the person closed the input") from None
+                with self._idle_timer():
+                    answer = self._line(prompt).strip().lower()
+            except (EOFError, KeyboardInterrupt, _Silent):
+                raise ParticipantLeft("the person closed the input or stayed silent") from None
             if not answer:
                 return None
             if answer in accepted:
@@ -226,3 +273,11 @@ class TerminalPerson:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def duration_text(seconds: float) -> str:
+    """``90`` → ``1 min 30 s``; ``2`` → ``2 s``; ``3600`` → ``60 min``."""
+    minutes, rest = divmod(round(seconds), 60)
+    if not minutes:
+        return f"{seconds:g} s"
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
