@@ -252,3 +252,44 @@ def test_a_folder_of_play_sessions_is_one_pooled_reference(tmp_path: Path) -> No
     assert c.bias == pytest.approx(2 / 6)
     assert any("2 runs" in n for n in m.human.notes)
     assert any("6 of the 6 from the reference" in n for n in m.human.notes)
+
+
+def test_people_in_group_seats_are_told_apart_by_their_seats_kind(tmp_path: Path) -> None:
+    """A group dialogue's people are in its participants table (``kind``), not in the
+    two-party ``client_kind`` column: a side whose seats are all people's is human, one with
+    none a model's, and a side that mixes both is in neither set (and a note says so)."""
+    seats_of = {"people": ("human", "human"), "models": ("llm", "llm"), "mixed": ("human", "llm")}
+    plan = [("people", k) for k in range(6)] + [("models", k) for k in range(6, 10)] + [("mixed", 10)]
+    dialogues, turns, seats = [], [], []
+    for kind, k in plan:
+        did = f"g{k}"
+        dialogues.append({"dialogue_id": did, "persona_id": "p-ana", "conversation_index": k,
+                          "condition": "ecp", "pairing": "m/m", "client_backend": "b", "client_model": "m",
+                          "responder_backend": "b", "responder_model": "m", "seed": k,
+                          "n_utterances": 3, "termination_reason": "max_utterances"})
+        ana, ben = (PEOPLE_LINES[k] if kind == "people" else
+                    ["Hello! I hope you are well.", "I would like some help with my order."])
+        turns += [{"dialogue_id": did, "turn_index": t, "speaker": s, "text": x,
+                   "role": "responder" if s == "Facilitator" else "client"}
+                  for t, (s, x) in enumerate([("Ana", ana), ("Facilitator", "Tell us more."), ("Ben", ben)])]
+        for i, (pid, seat_kind) in enumerate(zip(("Ana", "Ben", "Facilitator"), (*seats_of[kind], "llm"),
+                                                 strict=True)):
+            seats.append({"dialogue_id": did, "participant_id": pid, "position": i,
+                          "role": "responder" if pid == "Facilitator" else "client",
+                          "persona_id": None if pid == "Facilitator" else f"p-{pid.lower()}",
+                          "backend": "human" if seat_kind == "human" else "b", "model": "m",
+                          "kind": seat_kind, **({"operator": f"op-{k:06d}", "interface": "web"}
+                                                if seat_kind == "human" else {})})
+    personas = [{"persona_id": p, "persona_index": i, "card": f"{p} in a group."}
+                for i, p in enumerate(("p-ana", "p-ben"))]
+    write_finished_run(tmp_path / "group", {"personas": personas, "dialogues": dialogues, "turns": turns,
+                                            "participants": seats}, {"schema_version": "1.10"},
+                       persona_fields=([], set()))
+    m = evaluate(tmp_path / "group", embedder="lookup", write=False, progress=False)
+    assert m.human is not None and m.human.n_human_run == 7  # six of people, and the mixed one
+    by = {(s.metric, s.condition): s for s in m.human.stats}
+    s = by[("politeness_client", "all")]
+    assert (s.n_simulated, s.n_human) == (4, 6)  # the mixed side is in neither
+    assert s.simulated_mean == pytest.approx(0.0) and s.human_mean is not None and s.human_mean > 0
+    assert ("mattr_responder", "all") not in by  # every facilitator is a model
+    assert any("1 group dialogue(s) have people and models in seats of one role" in n for n in m.human.notes)

@@ -3,8 +3,11 @@ beside what the person said (docs/evaluation.md, "Against people").
 
 **Simulator vs people.** The human set is every dialogue with a person in a seat
 (``dialogues.client_kind`` / ``responder_kind`` ``human``, format 1.10: ``spasm play``
-sessions, ``spasm import`` of ShareGPT or OpenAI messages), in the run itself and in
-``--reference``. Each realism metric of a side (``mattr_client``, ``hdd_responder`` …,
+sessions, ``spasm import`` of ShareGPT or OpenAI messages; in a group dialogue each seat's
+``participants.kind``), in the run itself and in ``--reference``. A group dialogue's side is
+``human`` when every seat of that role is a person's and a model's when none is; a side that
+mixes people and models (:data:`MIXED`) is in neither set, and a note counts it. Each
+realism metric of a side (``mattr_client``, ``hdd_responder`` …,
 :data:`~spasm.evaluation.realism.REALISM_METRICS`) is compared where that side is a person
 (human values) and where it is a model (simulated values: kind ``llm``, or no kind recorded,
 as in every run before 1.10). The ceiling is the human–human spread: the human set split at
@@ -36,7 +39,14 @@ from spasm.evaluation.agreement import cohen_kappa
 from spasm.evaluation.diagnostics import frustration_fraction, politeness_fraction
 from spasm.evaluation.embeddings import FloatArray, l2_normalise
 from spasm.evaluation.lexical import word_tokens
-from spasm.evaluation.loader import Conversation, RunData, load_reference, reference_paths
+from spasm.evaluation.loader import (
+    Conversation,
+    RunData,
+    clean_cell,
+    load_reference,
+    reference_paths,
+    seat_role,
+)
 from spasm.evaluation.metrics import (
     ForkComparison,
     ForkExample,
@@ -50,8 +60,11 @@ from spasm.evaluation.stats import finite, mean_ci
 #: Texts -> their embeddings (the pipeline's cached embedder).
 Embed = Callable[[list[str]], FloatArray]
 
-__all__ = ["SPLITS", "fork_comparison", "human_frame", "human_stage", "judge_calibration",
+__all__ = ["MIXED", "SPLITS", "fork_comparison", "human_frame", "human_stage", "judge_calibration",
            "summary_lines"]
+
+#: The kind of a group dialogue's side whose seats are people and models both.
+MIXED = "mixed"
 
 #: Random half-splits of the human set averaged for the human–human spread.
 SPLITS = 200
@@ -63,26 +76,59 @@ def _side(metric: str) -> str:
     return metric.rsplit("_", 1)[1]
 
 
-def _kinds(dialogues: pd.DataFrame) -> dict[str, dict[str, str]]:
-    """Each dialogue's seat kinds (``client``/``responder`` -> ``llm``/``function``/``human``);
-    a run without the 1.10 columns is models throughout."""
+def _group_sides(run_dir: Path) -> dict[str, dict[str, str]]:
+    """Each group dialogue's side kinds from its seats (``participants.kind``, format 1.10):
+    the seats' one kind, or :data:`MIXED`; empty for a run without seat kinds."""
+    from spasm.dataset.reader import open_run
+
+    try:
+        run = open_run(run_dir, verify=False)
+    except UserError:
+        return {}
+    if not run.has("participants"):
+        return {}
+    stored = run.stored_columns("participants")
+    if not {"dialogue_id", "kind"} <= set(stored):
+        return {}
+    columns: list[str] = [c for c in ("dialogue_id", "role", "persona_id", "kind") if c in stored]
+    seen: dict[str, dict[str, set[str]]] = {}
+    for r in run.df("participants", columns).to_dict("records"):
+        did = clean_cell(r.get("dialogue_id"))
+        if did is not None:
+            side = seat_role(r.get("role"), clean_cell(r.get("persona_id")))
+            seen.setdefault(did, {}).setdefault(side, set()).add(clean_cell(r.get("kind")) or "llm")
+    return {did: {side: next(iter(k)) if len(k) == 1 else MIXED for side, k in sides.items()}
+            for did, sides in seen.items()}
+
+
+def _kinds(data: RunData) -> dict[str, dict[str, str]]:
+    """Each dialogue's side kinds (``client``/``responder`` -> ``llm``/``function``/``human``,
+    or :data:`MIXED`): a group dialogue's from its seats, a two-party one's from its row; a run
+    without the 1.10 columns is models throughout."""
+    groups = _group_sides(data.run_dir)
     out: dict[str, dict[str, str]] = {}
-    for row in dialogues.to_dict("records"):
+    for row in data.dialogues.to_dict("records"):
         kinds = {}
         for side in ("client", "responder"):
             value = row.get(f"{side}_kind")
             kinds[side] = str(value) if isinstance(value, str) and value else "llm"
-        out[str(row["dialogue_id"])] = kinds
+        did = str(row["dialogue_id"])
+        out[did] = {**kinds, **groups.get(did, {})}
     return out
 
 
+def _mixed(kinds: dict[str, dict[str, str]]) -> int:
+    return sum(MIXED in k.values() for k in kinds.values())
+
+
 def _has_person(kinds: dict[str, dict[str, str]]) -> int:
-    return sum("human" in k.values() for k in kinds.values())
+    """Dialogues with a person in a seat (a mixed side has one too)."""
+    return sum(bool({"human", MIXED} & set(k.values())) for k in kinds.values())
 
 
 def human_frame(data: RunData) -> tuple[pd.DataFrame, dict[str, dict[str, str]]]:
     """A run's realism frame (one row per dialogue) and its seats' kinds."""
-    return realism_frame(data.conversations), _kinds(data.dialogues)
+    return realism_frame(data.conversations), _kinds(data)
 
 
 def _values(frame: pd.DataFrame, kinds: dict[str, dict[str, str]], metric: str, kind: str,
@@ -266,6 +312,8 @@ def _stores_people(reference: str | Path) -> bool:
             run = open_run(path, verify=False)
             if run.has("dialogues") and "client_kind" in run.stored_columns("dialogues"):
                 return True
+            if run.has("participants") and "kind" in run.stored_columns("participants"):
+                return True
         except UserError:
             return True  # unreadable: load_reference says why
     return False
@@ -278,7 +326,7 @@ def human_stage(
     :func:`~spasm.evaluation.realism.realism_frame`) and its ``reference`` (a run, or a folder
     of runs such as ``RUN.play/``: :func:`~spasm.evaluation.loader.load_reference`); ``None``
     when neither has a dialogue with a person in a seat."""
-    run_kinds = _kinds(data.dialogues)
+    run_kinds = _kinds(data)
     if not _has_person(run_kinds) and (reference is None or not _stores_people(reference)):
         return None  # no person anywhere: the reference is not read a second time
     refs = load_reference(reference) if reference is not None else []
@@ -290,6 +338,10 @@ def human_stage(
     notes: list[str] = []
     if len(refs) > 1:
         notes.append(f"The reference is {len(refs)} runs under {reference}, pooled.")
+    mixed = _mixed(run_kinds) + sum(_mixed(kinds) for _, kinds in ref_frames)
+    if mixed:
+        notes.append(f"{mixed} group dialogue(s) have people and models in seats of one role: "
+                     "that side is in neither the human nor the simulated set.")
     stats = _realism_stats(frame, run_kinds, ref_frames, data.conversations)
     n_human = max((s.n_human for s in stats), default=0)
     if stats and n_human < _MIN_SPLIT:
