@@ -19,7 +19,7 @@ from spasm.errors import FormatError
 
 __all__ = [
     "SeatView", "Segment", "TurnView", "card_reached_responder", "evidence_quotes", "reason_summary",
-    "seat_views", "segments", "turn_views",
+    "seat_kinds", "seat_views", "segments", "turn_views",
 ]
 
 _EVIDENCE = re.compile(r'^(client|responder) turn (\d+)(?: repeats the \w+)?: "(.*)"$', re.S)
@@ -77,6 +77,11 @@ class SeatView:
     n_turns: int = 0
     #: how its frames name the others: ``prefix`` ("Ana: …") or ``name_field``
     speaker_names: str = "prefix"
+    #: who filled the seat (format 1.10: ``llm``, ``function``, ``human``; ``None`` in a run
+    #: that does not record it) and, for a person, their pseudonym and interface
+    kind: str | None = None
+    operator: str | None = None
+    interface: str | None = None
 
 
 T = TypeVar("T")
@@ -164,9 +169,30 @@ def seat_views(view: DialogueView) -> list[SeatView]:
             level=str(p.get("level") or "A"), colour=int(p["position"]) % SEAT_COLOURS,
             n_turns=spoke.get(str(p["participant_id"]), 0),
             speaker_names=str(p.get("speaker_names") or "prefix"),
+            kind=_text(p.get("kind")), operator=_text(p.get("operator")),
+            interface=_text(p.get("interface")),
         )
         for p in seats
     ]
+
+
+def _text(value: object) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def seat_kinds(view: DialogueView) -> dict[str, dict[str, str | None]]:
+    """A two-party dialogue's seats as format 1.10 records who filled them: ``client`` and
+    ``responder`` -> kind (``llm``, ``function``, ``human``) and, for the person's seat, the
+    pseudonymous operator and the interface (``{}``: a run that does not record kinds)."""
+    row = view.row
+    out: dict[str, dict[str, str | None]] = {}
+    for side in ("client", "responder"):
+        kind = _text(row.get(f"{side}_kind"))
+        if kind is not None:
+            human = kind == "human"
+            out[side] = {"kind": kind, "operator": _text(row.get("operator")) if human else None,
+                         "interface": _text(row.get("interface")) if human else None}
+    return out
 
 
 def reason_summary(view: DialogueView) -> list[tuple[str, int]]:

@@ -72,7 +72,7 @@ def add_routes(app: FastAPI, viewer: ViewerState) -> None:
             counterparts=viewer.index.counterparts(view.row), query=query, prev_id=prev_id,
             next_id=next_id, position=position, total=total, labels=viewer.book.labels(dialogue_id),
             history=viewer.book.history_count(dialogue_id), me=me, seats=pages.seat_views(view),
-            reasons=pages.reason_summary(view),
+            reasons=pages.reason_summary(view), kinds=pages.seat_kinds(view),
             # A run with tools: each turn's events inline, and the final world beside the gold.
             actions=actions.event_views(view), world=actions.world_view(view),
         )
