@@ -196,6 +196,38 @@ def test_opentelemetry_genai_spans_are_grouped_by_session_into_conversations(tmp
         import_conversations(bad, tmp_path / "run3", fmt="otlp")
 
 
+NESTED_LANGFUSE = Path(__file__).parent / "data" / "langfuse_nested_export.jsonl"
+
+
+def test_a_nested_langfuse_export_keeps_only_the_generation_that_answered_each_line(tmp_path: Path) -> None:
+    """tests/data/langfuse_nested_export.jsonl is traces as Langfuse's API returns them (one a
+    line, newest first, observations inlined out of order, with usage, costs and scores): each
+    turn a root span holding the answer and, around it, a question rewritten for retrieval, a
+    retrieval span with an event, a tool call and its tool span before the answer, a moderation
+    check of the reply inside a guardrail span, an answer two spans deep; one trace without its
+    output, one listed with its observations' ids only. Every rewrite, tool-call step and check
+    would otherwise be a turn of the person or of the bot."""
+    assert detect_format(NESTED_LANGFUSE) == "langfuse"
+    summary = import_conversations(NESTED_LANGFUSE, tmp_path / "run")
+    assert summary["counts"] == {"personas": 3, "dialogues": 3, "turns": 12}
+    # The condensed question and the tool-call step of turn 2, the moderation check of turn 3.
+    assert summary["left_out"] == {"intermediate_generations": 3, "not_a_generation": 11}
+    t = pd.read_parquet(tmp_path / "run" / "turns.parquet").sort_values(["dialogue_id", "turn_index"])
+    texts = {d: list(g["text"]) for d, g in t.groupby("dialogue_id")}
+    assert texts["sess-anna-7"] == [
+        "Hi, I ordered a lamp last week and it still has not arrived.",
+        "Sorry to hear that! Could you give me the order number?",
+        "It is 48213.", "Order 48213 is delayed at the depot; it should arrive by Friday.",
+        "ok thanks, bye", "You're welcome, have a good day!"]
+    assert texts["sess-ben-2"][::2] == ["can I return a rug I bought 40 days ago?",
+                                        "no it just does not fit the room"]
+    assert texts["sess-cleo-1"] == ["do you ship to Norway?", "Yes, to Norway in 5 to 7 working days."]
+    assert set(t[t.turn_index % 2 == 0]["speaker"]) == {"client"}
+    d = pd.read_parquet(tmp_path / "run" / "dialogues.parquet").set_index("dialogue_id")
+    assert d.loc["sess-anna-7", "pairing"] == "human×gpt-4o-mini-2024-07-18"
+    assert d.loc["sess-anna-7", "client_kind"] == "human" and d.loc["sess-anna-7", "interface"] == "import"
+
+
 def test_a_langfuse_export_of_generations_is_grouped_by_session(tmp_path: Path) -> None:
     records = [
         {"id": "o2", "type": "GENERATION", "traceId": "tr1", "sessionId": "s-1", "userId": "dan",

@@ -22,7 +22,17 @@ document or one per line (the collector's file exporter). A GenAI span (semantic
 observation (or, in a file without any, a trace) has ``input`` (a message list, ``{"messages":
 [...]}`` or a string: the person's line) and ``output`` (a string, a message, or ``{"content"}``);
 the session is ``sessionId`` (else ``traceId``, else ``id``), the person ``userId``, the order
-``startTime`` or ``timestamp``.
+``startTime`` or ``timestamp``. A trace whose observations are ids only (the API's trace list)
+is read as its own ``input`` and ``output``.
+
+Nested observations (``parentObservationId``) are one step of the application each: the
+generations under one top-level observation (a trace's root span, or each turn's span) answer
+one line of the person, and only one of them is the reply; the others (a question rewritten for
+retrieval, a tool call before the answer, a moderation check of the reply) are left out and
+counted (``left_out.intermediate_generations``). The reply is the generation whose output is the
+trace's ``output``; else the one sent the longest conversation (the chat history grows by every
+turn; a helper call is sent a prompt of its own), the earliest of equals. Generations without a
+parent are each a step of their own, as in a flat export.
 
 Spans and observations that carry no message are left out and counted (``left_out.no_messages``).
 """
@@ -185,27 +195,86 @@ def _otlp_calls(src: Path, records: Iterable[tuple[int, dict[str, Any]]],
                                               "\n".join(t for _, t in outputs))
 
 
+def _reply(output: Any) -> str:
+    """A Langfuse ``output`` as the reply's text."""
+    if isinstance(output, list):
+        return "\n".join(t for r, t in _messages(output) if r in ("assistant", "model"))
+    return _text(output)
+
+
+def _top(o: dict[str, Any], parents: dict[str, Any]) -> str | None:
+    """The top-level observation ``o`` is nested in (its own id when it has no parent in the
+    file); ``None`` for an observation without an id."""
+    oid = o.get("id")
+    if not isinstance(oid, str):
+        return None
+    seen = {oid}
+    while isinstance(parents.get(oid), str) and parents[oid] in parents and parents[oid] not in seen:
+        oid = parents[oid]
+        seen.add(oid)
+    return oid
+
+
+def _conversation_length(inputs: list[tuple[str, str]]) -> int:
+    return sum(1 for r, _ in inputs if r != "system")
+
+
+def _step_reply(group: list[dict[str, Any]], trace_output: str) -> dict[str, Any]:
+    """The generation of one step that answers the person (see the module's docstring)."""
+    replies = [o for o in group if _reply(o.get("output"))] or group
+    final = [o for o in replies if trace_output and _reply(o.get("output")) == trace_output]
+    if final:
+        return final[0]
+    longest = max(_conversation_length(_messages(o.get("input"))) for o in replies)
+    return next(o for o in replies if _conversation_length(_messages(o.get("input"))) == longest)
+
+
 def _langfuse_calls(src: Path, records: Iterable[tuple[int, dict[str, Any]]],
                     skipped: Counter[str]) -> Iterator[tuple[str, _Call]]:
     items: list[tuple[int, dict[str, Any]]] = []
+    outputs: dict[str, str] = {}  # each trace's own output: the reply it gave the person
+    whole: set[int] = set()  # traces listed with their observations' ids only: read as calls
     for line_no, rec in records:
         observations = rec.get("observations")
-        if isinstance(observations, list):  # a trace with its observations inlined
-            for o in observations:
-                if isinstance(o, dict):
-                    items.append((line_no, {"sessionId": rec.get("sessionId"),
-                                            "userId": rec.get("userId"),
-                                            "traceId": rec.get("id"), **o}))
-        else:
+        inlined = [o for o in observations if isinstance(o, dict)] if isinstance(observations, list) else []
+        if inlined:  # a trace with its observations inlined
+            if isinstance(rec.get("id"), str):
+                outputs[rec["id"]] = _reply(rec.get("output"))
+            for o in inlined:
+                items.append((line_no, {"sessionId": rec.get("sessionId"), "userId": rec.get("userId"),
+                                        "traceId": rec.get("id"), **o}))
+        else:  # observations, or a trace without them inlined (its own input and output)
+            if isinstance(observations, list):
+                whole.add(id(rec))
             items.append((line_no, rec))
     generations = any(str(o.get("type") or "").upper() == "GENERATION" for _, o in items)
+    parents = {o["id"]: o.get("parentObservationId") for _, o in items if isinstance(o.get("id"), str)}
+    steps: dict[tuple[Any, str], list[tuple[int, dict[str, Any]]]] = {}
+    order: list[tuple[int, dict[str, Any]] | tuple[Any, str]] = []
     for line_no, o in items:
-        if generations and str(o.get("type") or "").upper() != "GENERATION":
+        if generations and str(o.get("type") or "").upper() != "GENERATION" and id(o) not in whole:
             skipped["not_a_generation"] += 1  # a span or event around the model calls
             continue
+        top = None if id(o) in whole else _top(o, parents)
+        if generations and top is not None and top != o.get("id"):  # nested: one step's call
+            key = (o.get("traceId"), top)
+            if key not in steps:
+                order.append(key)
+            steps.setdefault(key, []).append((line_no, o))
+        else:
+            order.append((line_no, o))
+    for entry in order:
+        if isinstance(entry[1], dict):
+            line_no, o = entry[0], entry[1]
+        else:
+            group = steps[entry]
+            trace_id = entry[0]
+            chosen = _step_reply([o for _, o in group], outputs.get(trace_id, "")
+                                 if isinstance(trace_id, str) else "")
+            line_no, o = next(x for x in group if x[1] is chosen)
+            skipped["intermediate_generations"] += len(group) - 1
         inputs = _messages(o.get("input"))
-        reply = _text(o.get("output")) if not isinstance(o.get("output"), list) else "\n".join(
-            t for r, t in _messages(o.get("output")) if r in ("assistant", "model"))
+        reply = _reply(o.get("output"))
         if not any(t for _, t in inputs) and not reply:
             skipped["no_messages"] += 1
             continue
