@@ -194,7 +194,8 @@ class TerminalPerson:
             return
 
         def on_alarm(signum: int, frame: FrameType | None) -> None:
-            raise _Silent
+            if self._reading:  # a line that arrived just now is kept, not lost to the timer
+                raise _Silent
 
         previous = signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, self.idle_timeout_s)
