@@ -1,4 +1,6 @@
-"""Every LLM call goes through here: cache, limits, retries, budget and the call log.
+"""Every LLM call goes through here: cache, limits, retries, budget and the call log (chat
+completions, and embeddings requests: :meth:`Caller.embed`, retried and logged the same way but
+never cached here).
 
 Retry policy (the only one: the SDK's retries are off):
 
@@ -43,12 +45,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from spasm.backends.base import Backend, ChatRequest, Completion, Message, ToolCall
+from spasm.backends.base import (
+    Backend,
+    ChatRequest,
+    Completion,
+    EmbeddingRequest,
+    Embeddings,
+    Message,
+    ToolCall,
+)
 from spasm.backends.structured import extract_json
 from spasm.config import BackendConfig
 from spasm.dataset.columns import dump_params
@@ -65,7 +75,7 @@ from spasm.errors import (
     UserError,
 )
 from spasm.limits import BackendLimits, Ticket
-from spasm.tokens import count_messages
+from spasm.tokens import count_messages, count_tokens
 
 log = logging.getLogger("spasm")
 
@@ -287,7 +297,7 @@ class Caller:
                 f"token cap reached ({self.usage.total_tokens} ≥ {self.max_tokens})"
             )
 
-    def _account(self, role: str, backend: str, c: Completion) -> None:
+    def _account(self, role: str, backend: str, c: Completion | Embeddings) -> None:
         if self.backends[backend].typed_by_person:
             self.usage.typed_turns[role] += 1
             self.usage.typed_tokens[role] += c.completion_tokens
@@ -305,11 +315,11 @@ class Caller:
         *,
         role: str,
         backend: Backend,
-        request: ChatRequest,
+        request: ChatRequest | EmbeddingRequest,
         key: str,
         attempt: int,
         outcome: str,
-        completion: Completion | None,
+        completion: Completion | Embeddings | None,
         latency: float,
         error: str | None,
         started: datetime,
@@ -348,20 +358,41 @@ class Caller:
         completion, _ = await self._call(role, backend_name, request, scope)
         return completion
 
+    async def embed(
+        self, role: str, backend_name: str, request: EmbeddingRequest, scope: CallScope
+    ) -> Embeddings:
+        """One embeddings request (:meth:`Backend.embed`) on the same path as a chat call:
+        rate-limited, retried, within the budget, each attempt a row of ``scope``'s call log.
+        Never cached here: the embedder's own cache (:mod:`spasm.evaluation.embeddings.cache`)
+        keeps vectors by text."""
+        answer, _ = await self._call(role, backend_name, request, scope)
+        return answer
+
+    @overload
     async def _call(
         self, role: str, backend_name: str, request: ChatRequest, scope: CallScope,
         check: Callable[[Completion], str | None] | None = None,
-    ) -> tuple[Completion, str | None]:
-        """:meth:`complete`; with ``check``, the answer (a cache hit too) is validated before
-        its call-log row is written, so the row is written once with its final outcome
-        (``invalid_output`` and the check's error when it fails). Returns the completion and
-        the check's error."""
+    ) -> tuple[Completion, str | None]: ...
+    @overload
+    async def _call(
+        self, role: str, backend_name: str, request: EmbeddingRequest, scope: CallScope,
+        check: None = None,
+    ) -> tuple[Embeddings, str | None]: ...
+    async def _call(
+        self, role: str, backend_name: str, request: ChatRequest | EmbeddingRequest,
+        scope: CallScope, check: Callable[[Completion], str | None] | None = None,
+    ) -> tuple[Completion, str | None] | tuple[Embeddings, str | None]:
+        """:meth:`complete` (and :meth:`embed`); with ``check``, the answer (a cache hit too)
+        is validated before its call-log row is written, so the row is written once with its
+        final outcome (``invalid_output`` and the check's error when it fails). Returns the
+        completion and the check's error."""
         backend = self.backends[backend_name]
         cfg = self.configs[backend_name]
         key = request.cache_key(backend.identity)
+        chat = isinstance(request, ChatRequest)
         # A backend whose replies are not a function of the request (user code) is neither
-        # replayed from the cache nor stored in it.
-        cache = self.cache if backend.cacheable else None
+        # replayed from the cache nor stored in it; embeddings are cached by the embedder.
+        cache = self.cache if backend.cacheable and chat else None
         if cache is not None:
             hit = cache.get(key)
             if hit is not None:
@@ -384,7 +415,10 @@ class Caller:
             raise self.refusal
         limits = self.limits[backend_name]
         # Counting tokens costs CPU; only a TPM bucket or a provider that limits tokens needs it.
-        counted = count_messages(request.messages) if limits.wants_tokens else 0
+        counted = 0
+        if limits.wants_tokens:
+            counted = (count_messages(request.messages) if isinstance(request, ChatRequest)
+                       else sum(map(count_tokens, request.texts)))
         attempt_request = request
         attempt = 1  # attempts spent so far: rate limits (429) spend none within the budget
         limited = 0  # 429s this call has had
@@ -398,10 +432,14 @@ class Caller:
                 try:
                     async with limits.slots:
                         ticket = await limits.admit(counted, request.max_tokens)
-                        completion = await backend.complete(attempt_request)
+                        completion: Completion | Embeddings = (
+                            await backend.complete(attempt_request)
+                            if isinstance(attempt_request, ChatRequest)
+                            else await backend.embed(attempt_request))
                     limits.answered(ticket, completion.rate_headers, counted_prompt=counted,
                                     reported_prompt=completion.prompt_tokens)
-                    if not completion.text.strip() and not completion.tool_calls:
+                    if (isinstance(completion, Completion) and not completion.text.strip()
+                            and not completion.tool_calls):
                         raise EmptyCompletionError(f"empty completion from {backend_name}")
                 except RateLimitedError as exc:
                     if ticket is not None:
@@ -442,7 +480,8 @@ class Caller:
                 delay = self._rng.uniform(0, min(30.0, 0.5 * 2 ** (attempt - 1)))
                 if isinstance(exc, RateLimitedError) and exc.retry_after is not None:
                     delay = max(delay, min(exc.retry_after, self.rate_limit_budget_s))
-                if isinstance(exc, EmptyCompletionError) and attempt_request.seed is not None:
+                if (isinstance(exc, EmptyCompletionError) and isinstance(attempt_request, ChatRequest)
+                        and attempt_request.seed is not None):
                     attempt_request = replace(attempt_request, seed=attempt_request.seed + 1)
                 attempt += 1
                 await anyio.sleep(delay * self.sleep_scale)
@@ -453,6 +492,13 @@ class Caller:
             latency = time.perf_counter() - t0
             self._answered.add(backend_name)
             self._account(role, backend_name, completion)
+            if isinstance(completion, Embeddings):
+                self._record(
+                    scope, role=role, backend=backend, request=attempt_request, key=key,
+                    attempt=attempt, outcome="ok", completion=completion, latency=latency,
+                    error=None, started=started,
+                )
+                return completion, None
             invalid = check(completion) if check is not None else None
             self._record(
                 scope, role=role, backend=backend, request=attempt_request, key=key,

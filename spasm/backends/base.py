@@ -8,6 +8,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
 
+from spasm.errors import FatalBackendError
+
 
 class FunctionCall(TypedDict):
     """The function part of a tool call as the OpenAI protocol writes it."""
@@ -143,6 +145,44 @@ class Completion:
     rate_headers: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """Texts to embed in one request (:meth:`Backend.embed`): what :mod:`spasm.calls` sends,
+    retries and logs like a chat request. ``max_tokens`` and ``seed`` are there for the call
+    path's pacing and log (an embedding generates no tokens and samples nothing)."""
+
+    texts: tuple[str, ...]
+    max_tokens: int = 0
+    seed: int | None = None
+    json_schema: dict[str, Any] | None = None
+
+    def params(self) -> dict[str, Any]:
+        """``calls.params`` of an embeddings request (:class:`~spasm.dataset.columns.CallParams`):
+        temperature 0 and max_tokens 0, since it samples and generates nothing; its texts are
+        in ``request_hash``."""
+        return {"temperature": 0, "max_tokens": 0}
+
+    def cache_key(self, identity: str) -> str:
+        """sha256 over the backend identity and the texts (the call table's request hash)."""
+        blob = json.dumps({"backend": identity, "embed": list(self.texts)}, ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass(slots=True)
+class Embeddings:
+    """One vector per text of an :class:`EmbeddingRequest`, in order, with the usage the
+    backend reported (embeddings are priced by their prompt tokens)."""
+
+    vectors: list[list[float]]
+    prompt_tokens: int
+    resolved_model: str
+    latency_s: float = 0.0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    #: As :attr:`Completion.rate_headers`: read by :mod:`spasm.limits`, never logged.
+    rate_headers: dict[str, str] = field(default_factory=dict)
+
+
 class Backend(ABC):
     """A model that answers chat requests. Implementations raise :mod:`spasm.errors` types."""
 
@@ -178,6 +218,11 @@ class Backend(ABC):
     @abstractmethod
     async def complete(self, request: ChatRequest) -> Completion:
         """Run one request, once (retries belong to :mod:`spasm.calls`)."""
+
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        """Embed ``request.texts``, once (retries belong to :mod:`spasm.calls`); a backend
+        without an embeddings endpoint refuses (not retried)."""
+        raise FatalBackendError(f"backend {self.name!r} ({type(self).__name__}) serves no embeddings")
 
     async def preflight(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Check at start-up that the backend can be used; raise UserError if not."""

@@ -3,6 +3,7 @@
 The SDK's own retries are switched off (``max_retries=0``): spasm has one retry policy, in
 :mod:`spasm.calls`, so retries are never stacked and every attempt appears in the call log.
 SDK exceptions are mapped by type and status to :mod:`spasm.errors` classes, never by message.
+Embeddings requests (:meth:`OpenAIBackend.embed`, ``POST /embeddings``) are mapped the same way.
 
 Structured requests are sent in the backend's structured-output mode
 (:mod:`spasm.backends.structured`). With ``auto`` the first structured call finds the strictest
@@ -22,7 +23,14 @@ import anyio
 import openai
 from openai.types.chat import ChatCompletion
 
-from spasm.backends.base import Backend, ChatRequest, Completion, ToolCall
+from spasm.backends.base import (
+    Backend,
+    ChatRequest,
+    Completion,
+    EmbeddingRequest,
+    Embeddings,
+    ToolCall,
+)
 from spasm.backends.keys import resolve_api_key
 from spasm.backends.registry import register_backend
 from spasm.backends.structured import Transport, ladder, names_format, response_format, with_instruction
@@ -390,6 +398,40 @@ class OpenAIBackend(Backend):
             raise StructuredOutputRejectedError(self.name, transport.mode, error.status, error.detail)
         self._rung = rung + 1
         self._confirmed = False
+
+    # -- embeddings ----------------------------------------------------------------------
+    async def embed(self, request: EmbeddingRequest) -> Embeddings:
+        """``POST /embeddings`` through the SDK (which asks for base64 and decodes it), once;
+        a reply that is not a list of one vector per text is a :class:`MalformedResponseError`."""
+        start = time.perf_counter()
+        try:
+            with anyio.fail_after(self.cfg.timeout_s):
+                raw = await self._client.embeddings.with_raw_response.create(
+                    model=self.model, input=list(request.texts))
+                resp = raw.parse()
+        except TimeoutError:
+            raise TimeoutBackendError(f"timeout after {self.cfg.timeout_s}s from {self.name}") from None
+        except openai.OpenAIError as exc:
+            raise classify(exc, self.name, self.cfg.timeout_s) from exc
+        except (AttributeError, TypeError, ValueError) as exc:
+            # Not an embeddings body: an HTML page, a body that is not JSON (the SDK hands such a
+            # body over as it is), JSON of another shape.
+            raise MalformedResponseError(
+                f"malformed response body from {self.name} (not an embeddings response: {exc})"
+            ) from exc
+        try:
+            data = sorted(resp.data, key=lambda d: d.index)
+            vectors = [[float(x) for x in d.embedding] for d in data]
+            usage = getattr(resp, "usage", None)
+            prompt_tokens = _token_count(getattr(usage, "prompt_tokens", None), "prompt", self.name)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise MalformedResponseError(
+                f"malformed response body from {self.name} (not an embeddings response: {exc})"
+            ) from exc
+        return Embeddings(vectors=vectors, prompt_tokens=prompt_tokens,
+                          resolved_model=getattr(resp, "model", None) or self.model,
+                          latency_s=time.perf_counter() - start,
+                          rate_headers=_rate_headers(raw.headers))
 
     async def aclose(self) -> None:
         await self._client.close()
