@@ -39,13 +39,14 @@ dropped (:func:`system_messages`), the same way in every format.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pyarrow as pa
 
 from spasm.errors import UserError
+from spasm.export.messages import ExampleMessage
 from spasm.export.stream import Turn
 from spasm.export.tooluse import (
     HF_TOOL_CALLS,
@@ -134,11 +135,12 @@ def hf_schema(options: FormatOptions) -> pa.Schema:
 class Example:
     """One dialogue from one role's perspective.
 
-    ``messages`` are ``{"role", "content"}`` dicts; assistant messages also carry ``weight``
+    ``messages`` are :class:`~spasm.export.messages.ExampleMessage` dicts (``role``,
+    ``content``, and what the agent's frame had); assistant messages also carry ``weight``
     (1: train on it; 0: a turn the harness flagged or one with a kept, unredactable finding).
     """
 
-    messages: list[dict[str, Any]]
+    messages: list[ExampleMessage]
     meta: dict[str, Any]
 
 
@@ -165,7 +167,7 @@ class FormatOptions:
 def perspective(
     turns: Sequence[Turn], role: str, system_prompt: str, *, untrained: Collection[int] = (),
     viewer: Viewer | None = None, events: Sequence[Event] = (),
-) -> list[dict[str, Any]]:
+) -> list[ExampleMessage]:
     """The messages ``role`` sees of the whole dialogue under ECP, with a weight on each of its
     own (assistant) turns: 0 for the turn indexes in ``untrained``, else 1. When ``role``
     speaks first, ECP's opening instruction is the first user message, as the agent saw it.
@@ -179,9 +181,9 @@ def perspective(
     history = History(tuple(Utterance(t.speaker, t.text) for t in turns))
     projected = get_projection("ecp")(history, viewer or Viewer(role, system_prompt))
     offset = len(projected) - len(turns)
-    out: list[dict[str, Any]] = []
+    out: list[ExampleMessage] = []
     for k, m in enumerate(projected):
-        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        msg: ExampleMessage = {"role": m["role"], "content": m["content"]}
         if "name" in m:
             msg["name"] = m["name"]
         if m["role"] == "assistant":
@@ -190,7 +192,7 @@ def perspective(
     return out
 
 
-def end_on_role(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+def end_on_role(messages: list[ExampleMessage]) -> tuple[list[ExampleMessage], int]:
     """``messages`` without the partner's turns after the role's last one, and how many were
     trimmed: every example ends on a turn of the role it trains (LLaMA-Factory skips a
     ShareGPT example with an odd number of messages after the system prompt)."""
@@ -205,7 +207,7 @@ def end_on_role(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], i
 TURN_SEPARATOR = "\n\n"
 
 
-def alternate(messages: list[dict[str, Any]], opening: str) -> tuple[list[dict[str, Any]], int, bool]:
+def alternate(messages: list[ExampleMessage], opening: str) -> tuple[list[ExampleMessage], int, bool]:
     """A group participant's frame with roles that alternate after the system prompt, as
     LLaMA-Factory's ShareGPT reader and the Llama 2, Mistral and Gemma chat templates require
     (ECP gives every other participant's turn a ``user`` message of its own, so two or more come
@@ -214,13 +216,14 @@ def alternate(messages: list[dict[str, Any]], opening: str) -> tuple[list[dict[s
     first message after the system prompt is the participant's own gets ``opening`` (the
     instruction ECP opens with) before it. Returns the messages, how many ``user`` messages
     were merged into the one before, and whether the opening was added."""
-    out: list[dict[str, Any]] = []
+    out: list[ExampleMessage] = []
     merged = 0
     for m in messages:
         prev = out[-1] if out else None
         if m["role"] == "user" and prev is not None and prev["role"] == "user":
             content = _prefixed(prev) + TURN_SEPARATOR + _prefixed(m)
-            out[-1] = {k: v for k, v in prev.items() if k != "name"} | {"content": content}
+            out[-1] = cast(ExampleMessage,
+                           {k: v for k, v in prev.items() if k != "name"} | {"content": content})
             merged += 1
         else:
             out.append(m)
@@ -231,7 +234,7 @@ def alternate(messages: list[dict[str, Any]], opening: str) -> tuple[list[dict[s
     return out, merged, opened
 
 
-def sharegpt_cut(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def sharegpt_cut(messages: list[ExampleMessage]) -> list[ExampleMessage] | None:
     """For a format without per-message weights: the messages up to the last trained turn
     before the first untrained (weight 0) one, so that every ``assistant`` turn left is trained;
     ``None`` when the role's first turn is untrained (nothing left to train on)."""
@@ -243,7 +246,7 @@ def sharegpt_cut(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     return kept if any(m["role"] == "assistant" for m in kept) else None
 
 
-def system_messages(messages: list[dict[str, Any]], mode: SystemPrompt) -> list[dict[str, Any]]:
+def system_messages(messages: list[ExampleMessage], mode: SystemPrompt) -> list[ExampleMessage]:
     """The messages with the system prompt kept, merged into the first user message (its text,
     :data:`MERGE_SEPARATOR`, the user's text: for chat templates that have no system role,
     such as Gemma's) or dropped. An empty system prompt is dropped in every mode."""
@@ -256,7 +259,7 @@ def system_messages(messages: list[dict[str, Any]], mode: SystemPrompt) -> list[
         return messages
     for k, m in enumerate(rest):
         if m["role"] == "user":
-            merged = {**m, "content": system["content"] + MERGE_SEPARATOR + m["content"]}
+            merged: ExampleMessage = {**m, "content": system["content"] + MERGE_SEPARATOR + m["content"]}
             return [*rest[:k], merged, *rest[k + 1:]]
     return [{"role": "user", "content": system["content"]}, *rest]
 
@@ -300,7 +303,7 @@ def get_format(name: str) -> ExportFormat:
     return found
 
 
-def _messages(example: Example, options: FormatOptions) -> list[dict[str, Any]]:
+def _messages(example: Example, options: FormatOptions) -> list[ExampleMessage]:
     return system_messages(example.messages, options.system_prompt)
 
 
@@ -309,7 +312,7 @@ def openai_format(example: Example, options: FormatOptions) -> dict[str, Any]:
     """``{"messages": [...]}``; ``weight`` (0/1) on assistant messages with ``options.weights``."""
     out = []
     for m in _messages(example, options):
-        msg = {"role": m["role"], "content": m["content"]}
+        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
         if m.get("name"):
             msg["name"] = m["name"]
         if options.weights and "weight" in m:
@@ -339,7 +342,7 @@ def sharegpt_format(example: Example, options: FormatOptions) -> dict[str, Any] 
     return {"conversations": [{"from": _SHAREGPT_FROM[m["role"]], "value": _prefixed(m)} for m in messages]}
 
 
-def _prefixed(message: dict[str, Any]) -> str:
+def _prefixed(message: Mapping[str, Any]) -> str:
     """The content, with the speaker's id as a prefix when the message names it by the field
     (ShareGPT has no ``name``)."""
     name = message.get("name")
@@ -366,7 +369,7 @@ def hf_format(example: Example, options: FormatOptions) -> dict[str, Any]:
     return {"messages": messages, "weights": [int(m.get("weight") or 0) for m in msgs], **meta}
 
 
-def _name(message: dict[str, Any], options: FormatOptions) -> dict[str, Any]:
+def _name(message: Mapping[str, Any], options: FormatOptions) -> dict[str, Any]:
     """The hf message's ``name`` (null on the participant's own and prefixed messages), when
     the schema has one."""
     return {"name": message.get("name")} if options.names else {}

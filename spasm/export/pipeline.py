@@ -42,10 +42,10 @@ import os
 import shutil
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -78,6 +78,7 @@ from spasm.export.formats import (
     perspective,
     sharegpt_cut,
 )
+from spasm.export.messages import ExampleMessage
 from spasm.export.qa import QAResult, check_finished, scan_run, write_qa
 from spasm.export.scans import REDACTABLE, redact
 from spasm.export.seats import (
@@ -310,6 +311,7 @@ class _Builder:
             if "participant_id" in extra:  # a group example: what LLaMA-Factory will keep
                 self.built.llamafactory_kept += llamafactory_keeps(messages)
             self.count_masks(messages)
+            stored: Sequence[Mapping[str, Any]] = messages
             meta = {k: row.get(k) for k in META_COLUMNS}
             meta.update(role=role, redactions=n_redacted, **extra)
             if self.tools is not None:
@@ -317,16 +319,17 @@ class _Builder:
                 offered = self.offered.get((did, seat or role))  # None: no call log to say
                 meta["tools"] = json.dumps(tools_for(self.tools, role, seat, offered),
                                            ensure_ascii=False)
-                messages = [{**m, "tool_calls": json.dumps(m["tool_calls"], ensure_ascii=False)}
-                            if "tool_calls" in m else m for m in messages]
-            self.buffers.setdefault(split, []).append({"messages": messages, **meta})
+                # The chunk holds each message's tool calls as JSON text (_examples reads them).
+                stored = [{**m, "tool_calls": json.dumps(m["tool_calls"], ensure_ascii=False)}
+                          if "tool_calls" in m else m for m in messages]
+            self.buffers.setdefault(split, []).append({"messages": stored, **meta})
             counts["examples"] += 1
         if len(self.buffers.get(split, [])) >= self.options.chunk_dialogues:
             self.flush(split)
 
     def perspectives(
         self, did: str, row: dict[str, Any], turns: list[Turn], untrained: set[int]
-    ) -> Iterator[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
+    ) -> Iterator[tuple[str, list[ExampleMessage], dict[str, Any]]]:
         """``(role, messages, extra metadata)`` of each example of a dialogue: one per role, or
         in a group dialogue one per exported seat that spoke, from that participant's frame
         (the viewer the reader rebuilds it with)."""
@@ -356,7 +359,7 @@ class _Builder:
             persona = seat["persona_id"] or row["persona_id"]  # a responder seat: the dialogue's
             yield role, messages, {"participant_id": pid, "persona_id": persona}
 
-    def count_masks(self, messages: list[dict[str, Any]]) -> None:
+    def count_masks(self, messages: list[ExampleMessage]) -> None:
         zero = sum(1 for m in messages if m.get("weight") == 0)
         if not zero:
             return
@@ -395,7 +398,7 @@ def _examples(chunks: list[Path]) -> Iterator[list[Example]]:
             for m in messages:
                 if "tool_calls" in m:
                     m["tool_calls"] = json.loads(m["tool_calls"])
-            out.append(Example(messages, row))
+            out.append(Example(cast(list[ExampleMessage], messages), row))
         yield out
 
 

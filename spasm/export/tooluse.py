@@ -45,6 +45,7 @@ import pyarrow as pa
 from spasm.dataset import Run
 from spasm.dataset.columns import load_params
 from spasm.errors import ConfigError, UserError
+from spasm.export.messages import ExampleMessage
 from spasm.history import Event, History, Utterance
 from spasm.projection import Viewer, get_projection
 
@@ -123,7 +124,7 @@ def tools_for(tools: Mapping[str, tuple[dict[str, Any], tuple[str, ...]]], role:
 def tool_perspective(
     utterances: Sequence[tuple[int, str, str]], events: Sequence[Event], viewer: Viewer,
     untrained: Collection[int] = (),
-) -> list[dict[str, Any]]:
+) -> list[ExampleMessage]:
     """The ECP frame of ``viewer`` over the whole dialogue (``(turn index, speaker, text)``
     utterances and their events), with a weight on each of its assistant messages: 0 when the
     turn it belongs to is in ``untrained``, else 1 (a tool step's turn is its calls' turn)."""
@@ -132,13 +133,13 @@ def tool_perspective(
     turn_of_call = {e.call_id: e.turn_index for e in events
                     if e.kind == "tool_call" and e.actor == viewer.speaker}
     own = iter([i for i, s, _ in utterances if s == viewer.speaker])
-    out: list[dict[str, Any]] = []
+    out: list[ExampleMessage] = []
     for m in projected:
-        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        msg: ExampleMessage = {"role": m["role"], "content": m["content"]}
         if "name" in m:
             msg["name"] = m["name"]
         if "tool_calls" in m:
-            msg["tool_calls"] = [dict(c) for c in m["tool_calls"]]
+            msg["tool_calls"] = [c.copy() for c in m["tool_calls"]]
             turn = turn_of_call.get(m["tool_calls"][0]["id"], -1)
             msg["weight"] = 0 if turn in untrained else 1
         elif m["role"] == "assistant":

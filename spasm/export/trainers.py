@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spasm.export.formats import ExportFormat
+from spasm.export.messages import ExampleMessage
 from spasm.export.tooluse import SHAREGPT_TOOL_TAGS
 
 __all__ = ["AXOLOTL_PREFERENCE", "DataFiles", "axolotl_datasets", "format_path", "llamafactory_dataset_info",
@@ -41,7 +42,7 @@ _TAGS = {
 _MESSAGES = {"sharegpt": "conversations", "openai": "messages", "hf": "messages"}
 
 
-def llamafactory_keeps(messages: Sequence[dict[str, Any]]) -> bool:
+def llamafactory_keeps(messages: Sequence[ExampleMessage]) -> bool:
     """Whether LLaMA-Factory's ShareGPT reader keeps an example (its converter skips the others
     as "abnormal"): after an optional system prompt, ``user`` (or ``tool``: an observation) at
     every even position and ``assistant`` at every odd one, an even number in all."""
