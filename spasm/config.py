@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
@@ -172,6 +173,28 @@ class BackendConfig(_Strict):
                 "not the key itself"
             )
         return self
+
+    def shared(self, ways: int) -> BackendConfig:
+        """This backend as one of ``ways`` callers running at once sees it: ``max_concurrency``,
+        ``rpm`` and ``tpm`` divided by ``ways``, rounded down (at least 1), so the shares add
+        up to at most the provider's limit (the Ray executor's shards, ``spasm eval --ray``'s
+        judge tasks). Not part of any fingerprint."""
+        if ways <= 1:
+            return self
+        return self.model_copy(update={
+            "max_concurrency": max(1, self.max_concurrency // ways),
+            "rpm": max(1, self.rpm // ways) if self.rpm else None,
+            "tpm": max(1, self.tpm // ways) if self.tpm else None,
+        })
+
+
+def parallel_ways(backends: Iterable[BackendConfig], slots: int) -> int:
+    """How many callers may run at once, at most ``slots``, so that each gets a whole share
+    (:meth:`BackendConfig.shared`) of every backend's ``max_concurrency``, ``rpm`` and ``tpm``."""
+    ways = max(1, slots)
+    for b in backends:
+        ways = min(ways, b.max_concurrency, *(v for v in (b.rpm, b.tpm) if v))
+    return max(1, ways)
 
 
 class PairingConfig(_Strict):

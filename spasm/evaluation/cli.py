@@ -165,7 +165,8 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
         nargs="?",
         const="",
         default=None,
-        help="embed on a Ray cluster: one worker per CPU, each with its own model session (at "
+        help="run the embedding and the per-dialogue stages (realism, language, echoing, the "
+        "echoing judge) on a Ray cluster: one worker per CPU, each with its own model session (at "
         "ADDRESS, else RAY_ADDRESS, else a local Ray; pip install 'spasm[ray]'; docs/cluster.md)",
     )
     p.add_argument("--concurrency", metavar="N", type=int, default=8, help="LLM calls in flight")
@@ -341,18 +342,20 @@ def _evaluate(args: argparse.Namespace, out: str | None) -> Any:
     ray_address = getattr(args, "ray", None)
     if ray_address is None:
         return _run_evaluate(args, out, args.embedder, options, llm_backend, llm_config)
-    from spasm.evaluation.distributed import RayEmbedder
+    from spasm.evaluation.distributed import RayEmbedder, RayStages
     from spasm.raycluster import ray_session
 
     with ray_session(ray_address or None) as ray:
         embedder = RayEmbedder(ray, args.embedder, options)
-        print(f"Embedding on Ray: {embedder.workers} workers.", file=sys.stderr)
-        return _run_evaluate(args, out, embedder, {}, llm_backend, llm_config)
+        stages = RayStages(embedder, show=not args.no_progress and sys.stderr.isatty())
+        print(f"Embedding on Ray: {embedder.workers} workers; realism, language, echoing and "
+              f"the echoing judge in {stages.workers} shards of the dialogues.", file=sys.stderr)
+        return _run_evaluate(args, out, embedder, {}, llm_backend, llm_config, stages)
 
 
 def _run_evaluate(
     args: argparse.Namespace, out: str | None, embedder: Any, options: dict[str, Any],
-    llm_backend: str | None, llm_config: BackendConfig | None,
+    llm_backend: str | None, llm_config: BackendConfig | None, stages: Any = None,
 ) -> Any:
     from spasm.evaluation.pipeline import evaluate
 
@@ -378,6 +381,7 @@ def _run_evaluate(
         concurrency=args.concurrency,
         progress=False if args.no_progress else None,
         overwrite=getattr(args, "overwrite", False),
+        distributed=stages,
     )
 
 

@@ -118,4 +118,6 @@ async def judge_echoing(
     async with anyio.create_task_group() as tg:
         for conv in conversations:
             tg.start_soon(judge_one, conv)
-    return out, llm.calls(JUDGE_ROLE), fallbacks
+    # In the conversations' order, not the replies': the report's examples are taken from
+    # this order, so ties between equal scores do not depend on which reply came first.
+    return {c.dialogue_id: out[c.dialogue_id] for c in conversations}, llm.calls(JUDGE_ROLE), fallbacks

@@ -45,6 +45,8 @@ __all__ = [
     "MIN_LETTERS",
     "detect",
     "expected_language",
+    "language_metrics",
+    "language_rows",
     "language_scan",
 ]
 
@@ -67,9 +69,18 @@ def language_scan(
     conversations: Sequence[Conversation], personas: Mapping[str, Mapping[str, object]]
 ) -> tuple[LanguageMetrics, dict[str, dict[str, object]]]:
     """Flag off-language utterances; the metrics and each dialogue's columns."""
+    per_dialogue, flags = language_rows(conversations, personas)
+    return language_metrics(conversations, per_dialogue, flags), per_dialogue
+
+
+def language_rows(
+    conversations: Sequence[Conversation], personas: Mapping[str, Mapping[str, object]]
+) -> tuple[dict[str, dict[str, object]], list[LanguageFlag]]:
+    """Each dialogue's columns and its flagged utterances, in dialogue order: the part of
+    :func:`language_scan` that reads the texts (``spasm eval --ray`` runs it per shard of the
+    dialogues and hands the shards' rows, in order, to :func:`language_metrics`)."""
     per_dialogue: dict[str, dict[str, object]] = {}
     flags: list[LanguageFlag] = []
-    n_flagged = 0
     for conv in conversations:
         expected = expected_language(_language(personas.get(conv.persona_id)))
         seat_personas = conv.seat_personas or (None,) * len(conv.texts)
@@ -91,7 +102,6 @@ def language_scan(
             sides[side].classified += 1
             if is_off_language(lang, prob, wanted):
                 sides[side].flagged += 1
-                n_flagged += 1
                 flags.append(
                     LanguageFlag(
                         dialogue_id=conv.dialogue_id, turn_index=index, speaker=speaker,
@@ -107,19 +117,25 @@ def language_scan(
             row[f"language_compliance_{side}"] = 1 - s.flagged / s.classified if s.classified else None
             row[f"off_language_{side}"] = s.flagged
         per_dialogue[conv.dialogue_id] = row
-    flags.sort(key=lambda f: -f.probability)
-    return (
-        LanguageMetrics(
-            identifier="py3langid",
-            min_letters=MIN_LETTERS,
-            min_confidence=MIN_CONFIDENCE,
-            expected=sorted({code for r in per_dialogue.values()
-                             for code in str(r["language_expected"]).split("+")}),
-            n_flagged=n_flagged,
-            stats=_stats(conversations, per_dialogue),
-            flagged=flags[:EXAMPLES],
-        ),
-        per_dialogue,
+    return per_dialogue, flags
+
+
+def language_metrics(
+    conversations: Sequence[Conversation],
+    per_dialogue: Mapping[str, Mapping[str, object]],
+    flags: Sequence[LanguageFlag],
+) -> LanguageMetrics:
+    """The metrics of :func:`language_rows`' columns and flags (every flag, in dialogue order)."""
+    ranked = sorted(flags, key=lambda f: -f.probability)  # stable: ties keep dialogue order
+    return LanguageMetrics(
+        identifier="py3langid",
+        min_letters=MIN_LETTERS,
+        min_confidence=MIN_CONFIDENCE,
+        expected=sorted({code for r in per_dialogue.values()
+                         for code in str(r["language_expected"]).split("+")}),
+        n_flagged=len(flags),
+        stats=_stats(conversations, per_dialogue),
+        flagged=ranked[:EXAMPLES],
     )
 
 

@@ -18,7 +18,7 @@ the embedded one included.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -46,6 +46,7 @@ __all__ = [
     "EvalLLM",
     "EvalSession",
     "RunCallLog",
+    "ShardCalls",
     "resolve_backend",
 ]
 
@@ -184,6 +185,18 @@ class _PreflightOnFirstCall(Backend):
 
 
 @dataclass
+class ShardCalls:
+    """An :class:`EvalLLM` that judges a shard of the dialogues for another (its driver): the
+    driver's call-id pass and the shard's call scopes so far, and the cache to use (the run's,
+    reached through the driver). Such an EvalLLM writes no call log: its scopes go back to the
+    driver (:meth:`EvalLLM.adopt`), which logs them with its own."""
+
+    pass_id: str
+    scopes: dict[str, CallScope]
+    cache: Cache
+
+
+@dataclass
 class EvalSession:
     """The stages' access to the model: the Caller, the backend name, the sampling, and one
     call scope per dialogue (shared by the probe and the judge, so call ids stay unique)."""
@@ -257,6 +270,7 @@ class EvalLLM:
         *,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         locked: bool = False,
+        shard: ShardCalls | None = None,
     ):
         if max_tokens < 1:
             raise UserError("The evaluation LLM's max_tokens must be at least 1.")
@@ -270,13 +284,15 @@ class EvalLLM:
         self.backends = backends
         self.backend = backends[0]
         self.max_tokens = max_tokens
-        self.log = RunCallLog(self.run_dir, locked=locked)
+        self._shard = shard
+        self.log: RunCallLog | None = RunCallLog(self.run_dir, locked=locked) if shard is None else None
         try:
             # Built now so that a missing API key fails before any embedding work.
             self._models = {b.name: _PreflightOnFirstCall(make_backend(b.name, b.config)) for b in backends}
-            self.cache = Cache(self.run_dir / "cache.sqlite")
+            self.cache = Cache(self.run_dir / "cache.sqlite") if shard is None else shard.cache
         except BaseException:
-            self.log.close()
+            if self.log is not None:
+                self.log.close()
             raise
         self._portal_cm = start_blocking_portal()
         self._portal = self._portal_cm.__enter__()
@@ -289,6 +305,9 @@ class EvalLLM:
         caller = Caller(dict(self._models), configs, cache=self.cache, reask_attempts=REASK_ATTEMPTS)
         caller.pass_id = "eval-" + caller.pass_id  # call ids "eval-<time>:<dialogue>#<seq>"
         scopes: dict[str, CallScope] = {}
+        if self._shard is not None:  # one pass of the driver's: its call ids, its scopes
+            caller.pass_id = self._shard.pass_id
+            scopes = dict(self._shard.scopes)
         return {
             name: EvalSession(caller, name, cfg.temperatures.judge, self.max_tokens, scopes=scopes)
             for name, cfg in configs.items()
@@ -315,6 +334,23 @@ class EvalLLM:
         """The call-log rows so far."""
         return self.session.records
 
+    @property
+    def pass_id(self) -> str:
+        """The prefix of this evaluation's call ids (``eval-<time>``)."""
+        return self.session.caller.pass_id
+
+    def shard_calls(self, cache: Cache, dialogue_ids: Sequence[str]) -> ShardCalls:
+        """What an :class:`EvalLLM` judging ``dialogue_ids`` elsewhere (a Ray task of
+        ``spasm eval --ray``) needs to make its calls part of this one's: the call ids' pass,
+        the dialogues' scopes so far (so their call ids go on), and ``cache``."""
+        scopes = self.session.scopes
+        return ShardCalls(self.pass_id, {d: scopes[d] for d in dialogue_ids if d in scopes}, cache)
+
+    def adopt(self, scopes: Mapping[str, CallScope]) -> None:
+        """Take over the call scopes a shard's :class:`EvalLLM` returned: their rows go to the
+        run's call log with this one's, and later calls of those dialogues number on."""
+        self.session.scopes.update(scopes)
+
     def usage(self, backend: str | None = None) -> LLMUsage:
         """Calls, tokens and cost so far of ``backend`` (default: the first; cache hits cost
         nothing)."""
@@ -335,11 +371,12 @@ class EvalLLM:
                     self._portal.call(model.aclose)
             finally:
                 self._portal_cm.__exit__(exc_type, exc, tb)
-            if self.records:
+            if self.records and self.log is not None:
                 self.log.append(self.session.caller.pass_id, self.records)
         finally:
-            self.cache.close()
-            self.log.close()
+            if self.log is not None:  # a shard's cache and log are its driver's
+                self.cache.close()
+                self.log.close()
 
 
 def usage_of(records: Sequence[CallRow], backend: EvalBackend) -> LLMUsage:

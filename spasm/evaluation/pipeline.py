@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -65,7 +65,7 @@ from spasm.evaluation.goals import goal_metrics
 from spasm.evaluation.group import GroupResult, group_stage, two_party_note
 from spasm.evaluation.human import human_stage
 from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
-from spasm.evaluation.language import language_scan
+from spasm.evaluation.language import language_metrics, language_scan
 from spasm.evaluation.leaks import leak_stage
 from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
 from spasm.evaluation.loader import Conversation, RunData, load_run
@@ -104,6 +104,9 @@ from spasm.evaluation.summary import (
     group_key,
     kappa,
 )
+
+if TYPE_CHECKING:
+    from spasm.evaluation.distributed import RayStages
 
 __all__ = ["EVAL_DIRNAME", "STAGES", "EvalState", "Stage", "evaluate", "load_metrics", "load_per_dialogue"]
 
@@ -161,6 +164,7 @@ def evaluate(
     write: bool = True,
     overwrite: bool = False,
     simulator_errors: bool = False,
+    distributed: RayStages | None = None,
 ) -> Metrics:
     """Compute drift, echoing and persona separability for a run directory.
 
@@ -200,6 +204,9 @@ def evaluate(
         simulator_errors: review the simulated user's errors with the LLM judge (τ²'s user
             tags and severities; :mod:`spasm.evaluation.simulator`).
         progress: show progress bars (default: when stderr is a terminal).
+        distributed: run realism, the language scan, the echoing rule and the echoing judge on
+            a Ray cluster, over shards of the dialogues (``spasm eval --ray``:
+            :class:`spasm.evaluation.distributed.RayStages`); the files are a local run's.
         write: write the files (``False``: only return the metrics). The probe's and the
             judge's calls are appended to the run's ``calls`` table either way, and cached in
             its ``cache.sqlite``.
@@ -258,7 +265,7 @@ def evaluate(
                 retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
                 show=show, timings=timings, reference=reference, consistency=consistency,
                 ensemble=bool(judges), simulator_errors=simulator_errors, own_rule=own_rule,
-                own_consistency=own_consistency,
+                own_consistency=own_consistency, distributed=distributed,
             )
         t0 = time.perf_counter()
         comparison = compare_conditions(per_dialogue, metrics, baseline=baseline, run_dir=data.run_dir)
@@ -348,6 +355,8 @@ class EvalState:
     simulator_errors: bool
     own_rule: OwnRule | None
     own_consistency: bool
+    #: ``spasm eval --ray``: the per-dialogue stages that have a Ray form run on it.
+    distributed: RayStages | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     columns: pd.DataFrame | None = None
     # Set by the stages, in order (reading one before its stage ran is an AttributeError).
@@ -425,7 +434,7 @@ def _own_content_stage(s: EvalState) -> bool:
 def _echoing_stage(s: EvalState) -> bool:
     s.fields["echoing"], s.verdicts, s.echo_by_judge = _echoing(
         s.data.run_dir, s.two_party, s.vectors, s.echo_threshold, s.llm if s.judge else None,
-        s.concurrency, s.show)
+        s.concurrency, s.show, s.distributed)
     return True
 
 
@@ -440,7 +449,7 @@ def _separability_stage(s: EvalState) -> bool:
 
 
 def _realism_stage(s: EvalState) -> bool:
-    s.fields["realism"], frame = _realism(s.convs, s.reference)
+    s.fields["realism"], frame = _realism(s.convs, s.reference, s.distributed)
     s.add_columns(frame)
     return True
 
@@ -453,7 +462,11 @@ def _human_stage(s: EvalState) -> bool:
 
 
 def _language_stage(s: EvalState) -> bool:
-    s.fields["language"], language_cols = language_scan(s.convs, s.personas)
+    if s.distributed is None:
+        s.fields["language"], language_cols = language_scan(s.convs, s.personas)
+    else:
+        language_cols, flags = s.distributed.language_rows(s.convs, s.personas)
+        s.fields["language"] = language_metrics(s.convs, language_cols, flags)
     s.add_columns(pd.DataFrame.from_dict(language_cols, orient="index"))
     return True
 
@@ -552,6 +565,7 @@ def _evaluate(
     simulator_errors: bool = False,
     own_rule: OwnRule | None = None,
     own_consistency: bool = False,
+    distributed: RayStages | None = None,
 ) -> tuple[Metrics, pd.DataFrame, GroupResult | None, pd.DataFrame]:
     """The :data:`STAGES`, each timed; see :func:`evaluate`. The third value: the group
     detectors' result (group runs only); the fourth: ``per_turn.parquet`` (own content per
@@ -577,7 +591,7 @@ def _evaluate(
         data=data, embed=embed, mode=mode, judge=judge, llm=llm, retrieval=retrieval,
         echo_threshold=echo_threshold, concurrency=concurrency, show=show, reference=reference,
         consistency=consistency, ensemble=ensemble, simulator_errors=simulator_errors,
-        own_rule=own_rule, own_consistency=own_consistency,
+        own_rule=own_rule, own_consistency=own_consistency, distributed=distributed,
     )
     for stage in STAGES:
         t0 = time.perf_counter()
@@ -758,21 +772,25 @@ def _echoing(
     llm: EvalLLM | None,
     concurrency: int,
     show: bool,
+    distributed: RayStages | None = None,
 ) -> tuple[EchoingMetrics, dict[str, EchoVerdict], dict[str, dict[str, EchoVerdict]]]:
     """The rule on every conversation; with ``llm``, the judge's (or the judges' majority)
     verdicts over it, and each judge's."""
-    rule = {
-        c.dialogue_id: rule_echoing(c, vectors.utterances[c.dialogue_id], threshold=threshold)
-        for c in tqdm(convs, desc="echoing signals", disable=not show, leave=False)
-    }
+    if distributed is not None:
+        rule = distributed.rule_verdicts(convs, vectors.utterances, threshold)
+    else:
+        rule = {
+            c.dialogue_id: rule_echoing(c, vectors.utterances[c.dialogue_id], threshold=threshold)
+            for c in tqdm(convs, desc="echoing signals", disable=not show, leave=False)
+        }
     verdicts: dict[str, EchoVerdict] = rule
     judge_calls = judge_fallbacks = 0
     kappa_rule_judge: float | None = None
     by_judge: dict[str, dict[str, EchoVerdict]] = {}
     if llm is not None:
-        verdicts, by_judge, judge_calls, judge_fallbacks = echo_judges(
-            llm, convs, rule, concurrency=concurrency, show=show
-        )
+        verdicts, by_judge, judge_calls, judge_fallbacks = (
+            echo_judges(llm, convs, rule, concurrency=concurrency, show=show) if distributed is None
+            else distributed.echo_judges(llm, convs, rule, concurrency=concurrency))
         kappa_rule_judge = kappa(
             [rule[c.dialogue_id].echoing for c in convs],
             [verdicts[c.dialogue_id].echoing for c in convs],
@@ -796,10 +814,10 @@ def _echoing(
 
 
 def _realism(
-    convs: list[Conversation], reference: str | Path | None
+    convs: list[Conversation], reference: str | Path | None, distributed: RayStages | None = None
 ) -> tuple[RealismMetrics, pd.DataFrame]:
     """Lexical diversity and diagnostics per dialogue, z-scored against ``reference``."""
-    frame = realism_frame(convs)
+    frame = realism_frame(convs) if distributed is None else distributed.realism_frame(convs)
     ref = reference_from(reference) if reference is not None else None
     if ref is not None:
         frame = frame.join(z_scores(frame, ref.stats))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spasm.config import parallel_ways
 from spasm.runplan import Shard
 
 __all__ = ["Shard", "parallel_shards", "share_limits"]
@@ -29,11 +30,7 @@ def _used_backends(config: Any) -> set[str]:
 def parallel_shards(config: Any, shards: int, slots: int) -> int:
     """How many shards may run at once so each gets a whole share of every limit: at most
     ``shards`` and ``slots``, and no more than a backend's ``max_concurrency`` or ``rpm``."""
-    ways = max(1, min(shards, slots))
-    for name in _used_backends(config):
-        b = config.backends[name]
-        ways = min(ways, b.max_concurrency, *(v for v in (b.rpm, b.tpm) if v))
-    return max(1, ways)
+    return parallel_ways((config.backends[name] for name in _used_backends(config)), min(shards, slots))
 
 
 def share_limits(config: Any, ways: int, shards: int) -> Any:
@@ -44,14 +41,7 @@ def share_limits(config: Any, ways: int, shards: int) -> Any:
     fingerprint, so the shards still merge and resume as one run."""
     if ways <= 1 and shards <= 1:
         return config
-    backends = {
-        name: b.model_copy(update={
-            "max_concurrency": max(1, b.max_concurrency // ways),
-            "rpm": max(1, b.rpm // ways) if b.rpm else None,
-            "tpm": max(1, b.tpm // ways) if b.tpm else None,
-        })
-        for name, b in config.backends.items()
-    }
+    backends = {name: b.shared(ways) for name, b in config.backends.items()}
     ec = config.engine
     engine = ec.model_copy(update={
         "max_cost": ec.max_cost / shards if ec.max_cost is not None else None,
