@@ -102,3 +102,39 @@ def test_a_person_plays_the_client_seat_in_chromium(tmp_path: Path, model: TestS
     # The page measured the typing: a fill is no keystroke deletion and no paste.
     assert first["typing_ms"] is not None and first["typing_ms"] > 0
     assert first["edits"] == 0 and first["pasted_chars"] == 0
+
+
+def test_a_person_silent_for_an_hour_finds_the_dialogue_where_it_was(tmp_path: Path,
+                                                                     model: TestServer,
+                                                                     page: Any) -> None:
+    """Nothing waits on the browser: an hour without a line (the page's clock jumped ahead, so
+    every timer it has fires and performance.now() moves on) leaves the dialogue waiting for the
+    same turn, asks no model anything, and the line typed after it is taken and answered; the
+    hour is in the turn's typing_ms."""
+    run_dir = _in_thread(make_played_run, tmp_path / "run", model.base_url)
+    page.clock.install()
+    with ViewerServer(run_dir, extend=add_play_routes) as srv:
+        page.goto(f"{srv.base_url}/play")
+        page.select_option('select[name="seat"]', "client")
+        page.click("#play-start")
+        page.wait_for_url("**/play/s*")
+        _status(page, "your_turn")
+        asked = len(model.requests)
+        page.clock.fast_forward("01:00:00")
+        page.clock.run_for(2_000)  # the page's poll, after the jump
+        _status(page, "your_turn")
+        assert len(model.requests) == asked  # the silence asked no model anything
+        assert page.locator("#play-log li.self").count() == 0
+        page.fill("#play-text", "sorry, I was away: my parcel is still late")
+        page.press("#play-text", "Enter")
+        page.wait_for_selector("#play-log li.other", timeout=120_000)  # the dialogue resumed
+        _status(page, "your_turn")
+        page.click("#play-end")
+        _status(page, "debrief")
+        page.click("#play-debrief-send")
+        _status(page, "ended")
+        sid = page.url.rsplit("/", 1)[-1]
+    run = open_run(run_dir.parent / "run.play" / sid / "run")
+    (first,) = [t for t in run.table("turns").to_pylist() if t["speaker"] == "client"]
+    assert first["text"] == "sorry, I was away: my parcel is still late"
+    assert first["typing_ms"] is not None and first["typing_ms"] >= 3_600_000

@@ -11,7 +11,7 @@ restart (or a kill -9 between two turns) the session is run again from the start
 replies come back from the run's request cache and the person's lines from ``session.json``,
 so the dialogue reaches the same point and waits for the next line. Nothing waits on the
 browser: a tab polls the state (``GET /api/play/<id>``), and a person who goes silent for an
-hour finds the dialogue where it was.
+hour finds the dialogue where it was (tests/test_play_browser.py jumps the page's clock an hour).
 
 One writer per turn: a line is taken for the turn the page was shown; a second tab that
 answers the same turn is told (409) and shows the state the first one made. The page counts
