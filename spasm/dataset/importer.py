@@ -102,6 +102,23 @@ def persona_columns(fields: Mapping[str, Any], columns: list[str], integer: set[
     return out
 
 
+
+def _json_object(text: str, path: Path, line_no: int, *, document: bool = False) -> dict[str, Any]:
+    """``text`` (line ``line_no`` of ``path``, or with ``document`` the whole file) as a JSON
+    object, or a :class:`UserError` naming where it is not one (a syntax error of a whole
+    document at its own line)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = exc.lineno if document else line_no
+        raise UserError(f"{path}:{where} is not valid JSON ({exc.msg}).") from None
+    except (ValueError, RecursionError):  # a number of thousands of digits, deep nesting
+        raise UserError(f"{path}:{line_no} cannot be read: it holds a number with "
+                        "thousands of digits or nesting too deep.") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path}:{line_no} is not a JSON object.")
+    return value
+
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         fh = path.open("rb")
@@ -118,16 +135,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise UserError(f"{path}:{line_no} is not UTF-8 text; is this a JSONL file?") from None
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{line_no} is not valid JSON ({exc.msg}).") from None
-            except (ValueError, RecursionError):  # a number of thousands of digits, deep nesting
-                raise UserError(f"{path}:{line_no} cannot be read: it holds a number with "
-                                "thousands of digits or nesting too deep.") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{path}:{line_no} is not a JSON object.")
-            yield line_no, record
+            yield line_no, _json_object(line, path, line_no)
 
 
 def _conversation_key(value: Any, where: str) -> tuple[str, int | None]:
@@ -398,15 +406,8 @@ def _any_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     stripped = head.lstrip()
     if stripped.startswith(b"{") and _one_document(path, stripped):
         text = path.read_text(encoding="utf-8")
-        try:  # a pretty-printed object over many lines (an OTLP export): one record
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{exc.lineno} is not valid JSON ({exc.msg}).") from None
-        except (ValueError, RecursionError):
-            raise UserError(f"{path}:1 cannot be read: it holds a number with thousands of "
-                            "digits or nesting too deep.") from None
-        if not isinstance(value, dict):
-            raise UserError(f"{path}:1 is not a JSON object.")
+        # a pretty-printed object over many lines (an OTLP export): one record
+        value = _json_object(text, path, 1, document=True)
         yield text.count("\n", 0, len(text) - len(text.lstrip())) + 1, value
         return
     if not stripped.startswith(b"["):
