@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spasm.dataset.files import atomic_write_text
 from spasm.errors import UserError
-from spasm.evaluation.drift import DRIFT_DIMENSIONS
+from spasm.evaluation.drift import DRIFT_DIMENSIONS, drift_column
 from spasm.evaluation.metrics import GoalMetrics, GroupMetrics, Metrics, PairedComparison
 from spasm.evaluation.owncontent import OWN_SUFFIX, own_column
 from spasm.evaluation.realism import REALISM_METRICS
@@ -51,7 +51,7 @@ COMPARISON_SCHEMA_VERSION = 1
 ALPHA = 0.05
 
 #: ``drift_<dimension>`` per dialogue, in the order of :data:`~spasm.evaluation.drift.DRIFT_DIMENSIONS`.
-_DRIFT_COLUMNS = tuple(f"drift_{d}" for d in DRIFT_DIMENSIONS)
+_DRIFT_COLUMNS = tuple(drift_column(d) for d in DRIFT_DIMENSIONS)
 
 #: The per-dialogue columns compared, in reporting order (those a run has); the one list of
 #: them (the report's forest plot and ``spasm compare`` read it through :func:`compare_conditions`).

@@ -47,6 +47,7 @@ __all__ = [
     "cheap_drift",
     "condition_summaries",
     "dialogue_means",
+    "drift_column",
     "drift_curves",
     "drift_from_anchor",
     "paired_comparisons",
@@ -63,6 +64,13 @@ UTTERANCE_DIMENSION = "utterance"
 #: Every drift dimension, in reporting order: what metrics.json, the per-dialogue table, the
 #: group stage and the report list.
 DRIFT_DIMENSIONS: tuple[str, ...] = (UTTERANCE_DIMENSION, *PERSONA_DIMENSIONS)
+
+
+def drift_column(dimension: str) -> str:
+    """A dimension's per-dialogue (and per-seat) column: ``drift_<dimension>``."""
+    return f"drift_{dimension}"
+
+
 DriftSeries = dict[str, dict[str, npt.NDArray[np.float64]]]
 """dialogue_id -> dimension -> drift at each client turn (NaN where unavailable)."""
 

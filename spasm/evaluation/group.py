@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from spasm.dataset.reader import Run
-from spasm.evaluation.drift import DRIFT_DIMENSIONS
+from spasm.evaluation.drift import DRIFT_DIMENSIONS, drift_column
 from spasm.evaluation.echoing import quote
 from spasm.evaluation.group_detectors import (
     ECHO_THRESHOLD,
@@ -39,6 +39,7 @@ from spasm.evaluation.metrics import (
     GroupRate,
     GroupStat,
 )
+from spasm.evaluation.owncontent import own_column
 from spasm.evaluation.stats import finite, mean_ci, wilson_interval
 from spasm.registry import condition_rank
 
@@ -119,7 +120,7 @@ def _dialogue_row(d: GroupDialogue, drift: Mapping[tuple[str, str], Mapping[str,
     }
     seats = [p for p in d.participants if p.role == "client"]
     for dim in DRIFT_DIMENSIONS:
-        row[f"group_drift_{dim}"] = _mean(
+        row[f"group_{drift_column(dim)}"] = _mean(
             [drift.get((d.dialogue_id, p.participant_id), {}).get(dim, math.nan) for p in seats])
     people: list[dict[str, object]] = []
     for pid in ids:
@@ -142,7 +143,7 @@ def _dialogue_row(d: GroupDialogue, drift: Mapping[tuple[str, str], Mapping[str,
             "relays_from": ", ".join(p.source for p in relays if p.speaker == pid),
             "addressed": sum(a.addressee == pid for a in decided),
             "silences": sum(a.addressee == pid for a in silent),
-            **{f"drift_{dim}": drift.get((d.dialogue_id, pid), {}).get(dim, math.nan)
+            **{drift_column(dim): drift.get((d.dialogue_id, pid), {}).get(dim, math.nan)
                for dim in DRIFT_DIMENSIONS},
         })
     examples = [
@@ -181,7 +182,7 @@ _MEAN_COLUMNS = {
     "echo_max": "group_echo_max",
     "silence_rate": "group_silence_rate",
     "loop_longest": "group_loop_longest",
-    **{f"drift_{dim}": f"group_drift_{dim}" for dim in DRIFT_DIMENSIONS},
+    **{drift_column(dim): f"group_{drift_column(dim)}" for dim in DRIFT_DIMENSIONS},
 }
 
 
@@ -259,12 +260,13 @@ def group_stage(
         if drift_own is not None:  # each client seat on its own content, beside the raw drift
             seats_of = [p for p in d.participants if p.role == "client"]
             for dim in DRIFT_DIMENSIONS:
-                row[f"group_drift_{dim}_own"] = _mean([
+                row[own_column(f"group_{drift_column(dim)}")] = _mean([
                     drift_own.get((d.dialogue_id, p.participant_id), {}).get(dim, math.nan)
                     for p in seats_of])
             for seat in seat_rows:
                 mine = drift_own.get((d.dialogue_id, str(seat["participant_id"])), {})
-                seat.update({f"drift_{dim}_own": mine.get(dim, math.nan) for dim in DRIFT_DIMENSIONS})
+                seat.update({own_column(drift_column(dim)): mine.get(dim, math.nan)
+                             for dim in DRIFT_DIMENSIONS})
         rows[d.dialogue_id] = {"condition": d.condition, **row}
         people += seat_rows
         examples += found
@@ -272,9 +274,9 @@ def group_stage(
     frame = pd.DataFrame.from_dict(rows, orient="index")
     columns = ["dialogue_id", "condition", "pairing", "participant_id", "position", "role", "persona_id",
                "n_utterances", "impersonations", "impersonation_share", "impersonated", "echo_max",
-               "relays_from", "addressed", "silences", *(f"drift_{d}" for d in DRIFT_DIMENSIONS)]
+               "relays_from", "addressed", "silences", *(drift_column(d) for d in DRIFT_DIMENSIONS)]
     if drift_own is not None:  # each seat on its own content (owncontent.py)
-        columns += [f"drift_{d}_own" for d in DRIFT_DIMENSIONS]
+        columns += [own_column(drift_column(d)) for d in DRIFT_DIMENSIONS]
     seats = pd.DataFrame(people, columns=columns)
     seats["position"] = seats["position"].astype("Int64")
     if frame.empty:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from spasm.evaluation.drift import DRIFT_DIMENSIONS, DriftSeries
+from spasm.evaluation.drift import DRIFT_DIMENSIONS, DriftSeries, drift_column
 from spasm.evaluation.echoing import OWN_NGRAM, copied_words, without_copied
 from spasm.evaluation.embeddings import FloatArray
 from spasm.evaluation.loader import Conversation
@@ -239,11 +239,11 @@ def per_turn_frame(
                     value = math.nan
                     if values is not None and not conv.is_group and u.turn < len(values):
                         value = float(values[u.turn])
-                    record[f"drift_{dim}{name}"] = value
+                    record[drift_column(dim) + name] = value
             records.append(record)
     columns = ["dialogue_id", "condition", "pairing", "turn_index", "speaker", "client_turn", "n_words",
                "n_copied_words", "copied_share", "kept", "own_text"]
-    drift_columns = [f"drift_{d}{s}" for d in dims for s in ("", OWN_SUFFIX)]
+    drift_columns = [drift_column(d) + s for d in dims for s in ("", OWN_SUFFIX)]
     frame = pd.DataFrame(records, columns=[*columns, *drift_columns])
     for column in ("turn_index", "client_turn", "n_words", "n_copied_words"):
         frame[column] = frame[column].astype("int64")

@@ -47,6 +47,7 @@ from spasm.evaluation.drift import (
     cheap_drift,
     condition_summaries,
     dialogue_means,
+    drift_column,
     drift_curves,
     paired_comparisons,
     probe_drift,
@@ -83,6 +84,7 @@ from spasm.evaluation.owncontent import (
     OWN_SUFFIX,
     OwnContent,
     OwnRule,
+    own_column,
     own_content,
     own_conversations,
     own_metrics,
@@ -752,11 +754,11 @@ def _own_columns(
     """``drift_<dimension>_own`` per dialogue (NaN for a group dialogue: its seats have
     ``group_drift_<dimension>_own``), and the per-dialogue separability columns raw and on own
     content (``persona_hit_at_1``, ``persona_silhouette``, ``…_own``; NaN where undefined)."""
-    columns = [*(f"drift_{d}{OWN_SUFFIX}" for d in DRIFT_DIMENSIONS),
+    columns = [*(own_column(drift_column(d)) for d in DRIFT_DIMENSIONS),
                *(f"persona_{m}{s}" for m in ("hit_at_1", "silhouette") for s in ("", OWN_SUFFIX))]
     rows = {}
     for c in convs:
-        row = {f"drift_{d}{OWN_SUFFIX}": own_means.get(c.dialogue_id, {}).get(d, math.nan)
+        row = {own_column(drift_column(d)): own_means.get(c.dialogue_id, {}).get(d, math.nan)
                for d in DRIFT_DIMENSIONS}
         row.update(persona.get(c.dialogue_id, {}))
         row.update(persona_own.get(c.dialogue_id, {}))
@@ -982,7 +984,7 @@ def _per_dialogue(
         if rewards:  # a run with rewards: the outcome pass^k reads
             row["reward"] = math.nan if c.reward is None else c.reward
         for dim in DRIFT_DIMENSIONS:
-            row[f"drift_{dim}"] = means.get(c.dialogue_id, {}).get(dim, math.nan)
+            row[drift_column(dim)] = means.get(c.dialogue_id, {}).get(dim, math.nan)
         row.update(
             {
                 "echoing": bool(v.echoing) if v else False,

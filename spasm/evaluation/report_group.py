@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from spasm.evaluation.drift import DRIFT_DIMENSIONS
+from spasm.evaluation.drift import DRIFT_DIMENSIONS, drift_column
 from spasm.evaluation.figures import ReportFigure
 from spasm.evaluation.metrics import GroupRate, Metrics
 from spasm.evaluation.report_parts import _ci, _colour, _empty, _fmt, _or, _png, _table
@@ -253,7 +253,7 @@ def group_seat_drift(frames: GroupFrames) -> list[SeatDrift]:
     seats = seats[seats["role"].astype(str) == "client"]
     out = []
     for dim in DRIFT_DIMENSIONS:
-        column = f"drift_{dim}"
+        column = drift_column(dim)
         if column not in seats:
             continue
         for (cond, pid), g in seats.groupby(["condition", "participant_id"], sort=False):
