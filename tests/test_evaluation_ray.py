@@ -162,3 +162,25 @@ def test_per_dialogue_stages_on_ray_are_byte_identical_to_a_local_run(
     assert sorted(cb["request_hash"]) == sorted(list(ca["request_hash"]) * 2)
     assert set(cb["cache_hit"]) == {False, True}
     assert all(cid.startswith("eval-") and cid.endswith("#0001") for cid in cb["call_id"])
+
+
+def test_the_openai_embedders_requests_on_ray_workers_are_rows_of_the_runs_calls_table(
+    ray_cluster: Any, tmp_path: Path,
+) -> None:
+    local = synthesize_run(tmp_path / "local", n_dialogues=6, n_personas=3)
+    distributed = tmp_path / "ray"
+    shutil.copytree(local, distributed)
+    with TestServer() as srv:
+        flags = ["--embedder", "openai", "--embedding-model", "embed-m", "--embedding-base-url",
+                 srv.base_url, "--embedding-api-key-env", "none", "--no-progress"]
+        assert main(["eval", str(local), *flags]) == 0
+        sent_local = srv.stats["requests"]
+        assert main(["eval", str(distributed), *flags, "--ray"]) == 0
+        sent = srv.stats["requests"] - sent_local
+    rows = pd.read_parquet(distributed / "calls.parquet").query("role == 'eval_embed'")
+    # Each worker's requests, brought back to the driver: one ok row per request, ids unique
+    # (each worker numbers its own: embed-<time>-w<i>:run#<seq>).
+    assert len(rows) == sent >= 2 and set(rows["outcome"]) == {"ok"} and rows["call_id"].is_unique
+    assert {cid.split(":")[0].rsplit("-", 1)[1] for cid in rows["call_id"]} == {"w0", "w1"}
+    ours = pd.read_parquet(local / "calls.parquet").query("role == 'eval_embed'")
+    assert len(ours) == sent_local and rows["prompt_tokens"].sum() == ours["prompt_tokens"].sum()

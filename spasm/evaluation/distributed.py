@@ -7,7 +7,10 @@
   ``static``). The texts are sorted by length and cut into one contiguous slice per actor, so
   each pads as little as a local run; the vectors come back through Ray's object store, one
   chunk at a time. Its ``name`` is the wrapped embedder's, so it reads and fills the run's
-  embedding cache (on the head node, in the run directory) exactly like a local run.
+  embedding cache (on the head node, in the run directory) exactly like a local run; the
+  workers' call-log rows (the ``openai`` embedder's requests, role ``eval_embed``) come back
+  to the driver (:attr:`RayEmbedder.records`), which appends them to the run's ``calls``
+  table as a local run does.
 * **The per-dialogue stages** (:class:`RayStages`): realism (lexical diversity and the Client
   diagnostics), the language scan, the echoing rule and the LLM echoing judge(s) run as Ray
   tasks, one per contiguous shard of the dialogues (in the run's order); the driver merges the
@@ -32,13 +35,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from spasm.dataset.rows import CallRow
 from spasm.errors import RunError, SpasmError, UserError
-from spasm.evaluation.embeddings import FloatArray, create_embedder
+from spasm.evaluation.embeddings import FloatArray, create_embedder, embedder_calls
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,6 +115,9 @@ class _Worker:
     def embed(self, texts: list[str]) -> FloatArray:
         return self._embedder.embed(texts)
 
+    def calls(self) -> list[CallRow]:
+        return embedder_calls(self._embedder)
+
     def run(self, fn: Callable[..., R], *args: Any) -> R:
         return fn(*args)
 
@@ -147,7 +155,15 @@ class RayEmbedder:
         self.chunk_size = TEXTS_PER_WORKER * self.workers
         self._ray = ray
         actor = ray.remote(num_cpus=cpus_per_worker)(_Worker)
-        self._actors = [actor.remote(name, opts) for _ in range(self.workers)]
+        self._actors = [actor.remote(name, _worker_options(name, opts, i)) for i in range(self.workers)]
+
+    @property
+    def records(self) -> list[CallRow]:
+        """The call-log rows of the requests the workers' embedders sent so far (the
+        ``openai`` embedder's), worker by worker: the driver appends them to the run's
+        ``calls`` table as a local run's (:func:`spasm.evaluation.embeddings.embedder_calls`)."""
+        rows = gather(self._ray, [a.calls.remote() for a in self._actors], "embedding")
+        return [r for part in rows for r in part]
 
     def embed(self, texts: list[str]) -> FloatArray:
         """Embed ``texts`` on the actors, one contiguous slice of them (by length) each."""
@@ -161,6 +177,14 @@ class RayEmbedder:
         for part, vectors in zip(parts, results, strict=True):
             out[part] = vectors
         return out
+
+
+def _worker_options(name: str, options: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """A worker's options: the ``openai`` embedder's call ids get the worker's number
+    (``embed-<time>-w<index>:run#<seq>``), so those of two workers never collide."""
+    if name != "openai" or "call_prefix" in options:
+        return dict(options)
+    return {**options, "call_prefix": f"embed-{datetime.now(UTC):%Y%m%dT%H%M%S%f}-w{index}"}
 
 
 def _slots(ray: Any, cpus_per_worker: float) -> int:

@@ -12,7 +12,8 @@ the embedded one included.
 * **Cache**: the run's ``cache.sqlite``, so a rerun is answered without a request.
 * **Call log**: every call (roles ``eval_probe`` / ``eval_judge``) is appended to the run's
   ``calls`` table as one committed batch (:class:`RunCallLog`, which holds the run's write lock
-  while the LLM stages run, so a generation cannot write the run at the same time).
+  while the LLM stages run, so a generation cannot write the run at the same time); the
+  embedder's requests (role ``eval_embed``) as a batch of their own (:func:`log_calls`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -47,6 +49,7 @@ __all__ = [
     "EvalSession",
     "RunCallLog",
     "ShardCalls",
+    "log_calls",
     "resolve_backend",
 ]
 
@@ -423,3 +426,17 @@ class RunCallLog:
         """Release the run's write lock (if it took it)."""
         if self._lock is not None:
             self._lock.release()
+
+
+def log_calls(run_dir: Path, batch: str, records: Sequence[CallRow], *, locked: bool) -> None:
+    """Append ``records`` (if any) to the run's ``calls`` table as one committed batch,
+    ``<batch>-<time>``, through a :class:`RunCallLog` that holds the run's write lock for the
+    append (``locked``: the caller holds it already). The embedder's rows of ``spasm eval``
+    (role ``eval_embed``) take this way; the probe's and the judges' go with :class:`EvalLLM`."""
+    if not records:
+        return
+    log = RunCallLog(run_dir, locked=locked)
+    try:
+        log.append(f"{batch}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}", records)
+    finally:
+        log.close()

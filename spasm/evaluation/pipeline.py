@@ -59,6 +59,7 @@ from spasm.evaluation.embeddings import (
     Embedder,
     FloatArray,
     create_embedder,
+    embedder_calls,
     l2_normalise,
 )
 from spasm.evaluation.figures import write_figures
@@ -68,7 +69,7 @@ from spasm.evaluation.human import human_stage
 from spasm.evaluation.judges import consistency_stage, echo_judges, ensemble_report
 from spasm.evaluation.language import language_metrics, language_scan
 from spasm.evaluation.leaks import leak_stage
-from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, resolve_backend
+from spasm.evaluation.llm import DEFAULT_MAX_TOKENS, EvalBackend, EvalLLM, log_calls, resolve_backend
 from spasm.evaluation.loader import Conversation, RunData, load_run
 from spasm.evaluation.metrics import (
     Counts,
@@ -211,7 +212,8 @@ def evaluate(
             :class:`spasm.evaluation.distributed.RayStages`); the files are a local run's.
         write: write the files (``False``: only return the metrics). The probe's and the
             judge's calls are appended to the run's ``calls`` table either way, and cached in
-            its ``cache.sqlite``.
+            its ``cache.sqlite``; so are an embedder's requests (the ``openai`` embedder's,
+            role ``eval_embed``: texts its embedding cache answers send none).
         overwrite: replace an earlier evaluation at an ``out_dir`` outside the run (one inside
             the run, such as the default, is always replaced); ``out_dir`` is never inside
             another run.
@@ -262,13 +264,20 @@ def evaluate(
             _check_baseline(data, baseline)
         timings["load"] = time.perf_counter() - t_start
         with llm_cm as llm:  # on exit, the LLM calls are appended to the run's call log
-            metrics, per_dialogue, group, per_turn = _evaluate(
-                data, embedder, embedder_options, mode=mode, judge=judge, llm=llm,
-                retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
-                show=show, timings=timings, reference=reference, consistency=consistency,
-                ensemble=bool(judges), simulator_errors=simulator_errors, own_rule=own_rule,
-                own_consistency=own_consistency, distributed=distributed,
-            )
+            inner = (create_embedder(embedder, **dict(embedder_options or {}))
+                     if isinstance(embedder, str) else embedder)
+            sent = len(embedder_calls(inner))  # an embedder object's rows of earlier evaluations
+            try:
+                metrics, per_dialogue, group, per_turn = _evaluate(
+                    data, inner, mode=mode, judge=judge, llm=llm,
+                    retrieval=retrieval, echo_threshold=echo_threshold, concurrency=concurrency,
+                    show=show, timings=timings, reference=reference, consistency=consistency,
+                    ensemble=bool(judges), simulator_errors=simulator_errors, own_rule=own_rule,
+                    own_consistency=own_consistency, distributed=distributed,
+                )
+            finally:  # its requests were sent, whatever failed later: logged like the LLM's
+                log_calls(run_dir, "eval-embed", embedder_calls(inner)[sent:],
+                          locked=isinstance(lock, RunLock))
         t0 = time.perf_counter()
         comparison = compare_conditions(per_dialogue, metrics, baseline=baseline, run_dir=data.run_dir)
         timings["compare"] = time.perf_counter() - t0
@@ -550,8 +559,7 @@ STAGES: list[Stage] = [
 
 def _evaluate(
     data: RunData,
-    embedder: str | Embedder,
-    embedder_options: Mapping[str, Any] | None,
+    inner: Embedder,
     *,
     mode: Literal["cheap", "probe"],
     judge: bool,
@@ -573,9 +581,6 @@ def _evaluate(
     detectors' result (group runs only); the fourth: ``per_turn.parquet`` (own content per
     client utterance)."""
     convs = data.conversations
-    inner = (
-        create_embedder(embedder, **dict(embedder_options or {})) if isinstance(embedder, str) else embedder
-    )
     # An embedder on many workers (spasm eval --ray) takes more texts per call.
     cached = CachedEmbedder(inner, data.run_dir / EVAL_DIRNAME / CACHE_DIRNAME,
                             chunk_size=int(getattr(inner, "chunk_size", 1024)))

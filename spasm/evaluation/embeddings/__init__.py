@@ -39,6 +39,7 @@ from spasm.evaluation.embeddings.base import (
     FloatArray,
     available_embedders,
     create_embedder,
+    embedder_calls,
     l2_normalise,
     register_embedder,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "available_embedders",
     "create_embedder",
     "distill_static_table",
+    "embedder_calls",
     "l2_normalise",
     "register_embedder",
     "static_cache_dir",

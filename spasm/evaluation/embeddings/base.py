@@ -15,6 +15,7 @@ from typing import Any, Protocol, overload, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from spasm.dataset.rows import CallRow
 from spasm.errors import UserError
 from spasm.registry import EMBEDDERS
 
@@ -24,6 +25,7 @@ __all__ = [
     "FloatArray",
     "available_embedders",
     "create_embedder",
+    "embedder_calls",
     "l2_normalise",
     "register_embedder",
 ]
@@ -44,6 +46,14 @@ class Embedder(Protocol):
     def embed(self, texts: list[str]) -> FloatArray:
         """Return one L2-normalised float32 row per text, in order."""
         ...
+
+
+def embedder_calls(embedder: object) -> list[CallRow]:
+    """The call-log rows an embedder keeps of the requests it sent: its ``records`` (the
+    ``openai`` embedder's, one row per attempt; a Ray embedder's, its workers'), none for an
+    embedder that sends no request. ``spasm eval`` appends them to the run's ``calls`` table."""
+    records = getattr(embedder, "records", None)
+    return [r for r in records if isinstance(r, CallRow)] if isinstance(records, list) else []
 
 
 def l2_normalise(matrix: npt.ArrayLike) -> FloatArray:

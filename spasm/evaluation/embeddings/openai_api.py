@@ -1,7 +1,8 @@
 """Any OpenAI-compatible ``/v1/embeddings`` endpoint (OpenAI, vLLM, Ollama, ...), reached through
 spasm's one call path (:meth:`spasm.calls.Caller.embed`): the SDK's retries off, the call path's
 retries, pacing (``x-ratelimit-*``, 429s waited out) and budget on, and every attempt a row of
-the embedder's call log (:attr:`OpenAIEmbedder.records`, role ``eval_embed``)."""
+the embedder's call log (:attr:`OpenAIEmbedder.records`, role ``eval_embed``), which
+``spasm eval`` appends to the run's ``calls`` table (tests/test_evaluation_embeddings_calls.py)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ class OpenAIEmbedder:
         timeout: seconds per request.
         max_attempts: attempts per request (:mod:`spasm.calls`' retry policy).
         sleep_scale: scales the waits between attempts (tests use 0).
+        call_prefix: the prefix of its call ids, ``<prefix>:run#<seq>`` (default
+            ``embed-<time>``); ``spasm eval --ray`` gives each worker its own, so the ids stay
+            unique in the run's ``calls`` table.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class OpenAIEmbedder:
         timeout: float = 60.0,
         max_attempts: int = 6,
         sleep_scale: float = 1.0,
+        call_prefix: str | None = None,
     ) -> None:
         # A missing key fails here, before any work; the key itself is read again by the
         # backend of each embed() and lives only inside its client: never kept, logged or written.
@@ -87,7 +92,7 @@ class OpenAIEmbedder:
         # The name keys the embeddings cache (a folder) and is written to metrics.json.
         self.name = f"openai:{redact_url(base_url) if base_url else 'default'}:{model}"
         self._scope = CallScope()
-        self._pass_id = "embed-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        self._pass_id = call_prefix or "embed-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
         #: Whether the endpoint has answered a request (a reply it cannot read after that is a
         #: failure of the run, before it a wrong URL).
         self._answered = False
