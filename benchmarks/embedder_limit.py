@@ -9,7 +9,7 @@ spinning on (timed last: spinning threads slow whatever runs next); each configu
 spasm's ``LocalOnnxEmbedder`` run ``--rounds`` times, interleaved, and each keeps its best
 round (a shared machine's load moves between rounds).
 It also prints the smallest cosine between spasm's vectors and the bare batch-32 loop's (the
-recipe spasm used before issue 29; the goal is >= 0.9999) and the peak RSS.
+reference recipe; the goal is >= 0.9999) and the peak RSS.
 
     .venv/bin/python benchmarks/embedder_limit.py [--texts 1000] [--rounds 2] [--threads 2]
     .venv/bin/python benchmarks/embedder_limit.py --ray       # + spasm eval --ray's embedder

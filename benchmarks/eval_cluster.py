@@ -1,5 +1,5 @@
 """The whole evaluation on Ray against the local one, and the evaluation's peak memory as the
-corpus grows (issue 29).
+corpus grows.
 
 ``ray``: a synthetic run (:func:`spasm.dataset.synthetic.synthesize_run`) evaluated locally
 (``spasm.evaluation.evaluate``) and with ``spasm eval --ray``'s embedder and per-dialogue

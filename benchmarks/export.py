@@ -1,4 +1,4 @@
-"""Export and QA of a synthetic SPASM-size run: time and peak memory (issue 9).
+"""Export and QA of a synthetic SPASM-size run: time and peak memory.
 
 Builds a synthetic run of ``--dialogues`` dialogues (default 45,000, SPASM's full size; 4,500
 personas × 10 conversations; ``--utterances`` each) with planted duplicates, then measures, each

@@ -1,6 +1,6 @@
 """Fine-tuning smoke test on an export: a few steps of a small causal LM, assistant-only loss.
 
-Opt-in (issue 20): torch is large. It needs ``torch`` (the CPU build is enough), ``trl``
+Opt-in: torch is large. It needs ``torch`` (the CPU build is enough), ``trl``
 (0.20 or later, for ``assistant_only_loss``) and a small chat model — by default
 ``HuggingFaceTB/SmolLM2-135M-Instruct`` from the local Hugging Face cache, or ``--model PATH``.
 Without any of them it prints why it skipped and exits 0::

@@ -10,7 +10,7 @@ the commit timeline and, e.g.::
 
 Time zero is just before ``Engine.run`` (preflight, personas and model loading count). The load
 average before and after is printed with the figures: on a shared machine the run is slower,
-but the *share* of run time is what the acceptance is about (issue 13: within the first tenth)::
+but the *share* of run time is what the target is about (within the first tenth)::
 
     nohup .venv/bin/python benchmarks/first_commit.py configs/ecp-vs-concat.yaml \\
         --json /tmp/first_commit.json > /tmp/first_commit.log 2>&1 &

@@ -1,8 +1,7 @@
 """Throughput of a 4-participant group run against a two-party run on the test server.
 
-What it measures, in one process and one invocation (issue 19, acceptance: "a benchmark of a
-4-participant run's throughput against the two-party engine on the test server, ratio in one
-run"):
+What it measures, in one process and one invocation (a 4-participant run's throughput
+against the two-party engine on the test server, as a ratio measured in one run):
 
 1. **Two-party**: N dialogues through :class:`spasm.engine.Engine`, ``max_concurrency`` C,
    ``termination.rules: false`` and ``dialogue.max_turns_per_agent`` U/2, so every dialogue is
@@ -49,7 +48,7 @@ from benchmarks.throughput import (  # noqa: E402 - needs ROOT on sys.path
     utterance_parser,
 )
 
-#: The group's seats: three people seeking help and one facilitator, as in issue 19's example.
+#: The group's seats: three people seeking help and one facilitator.
 SEATS = [("Ana", "client"), ("Ben", "client"), ("Carla", "client"), ("Facilitator", "responder")]
 
 

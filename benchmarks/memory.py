@@ -1,4 +1,4 @@
-"""Peak memory of the run engine as the number of dialogues grows (SPEC §6, issue 3 item 9).
+"""Peak memory of the run engine as the number of dialogues grows.
 
 For each N (default 200, 800, 3200) a fresh Python process runs N dialogues through
 :class:`spasm.engine.Engine` against the OpenAI-compatible test server (zero latency by default,

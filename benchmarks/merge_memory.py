@@ -1,4 +1,4 @@
-"""Peak memory of ``spasm merge`` and of the end-of-run compaction as the run grows (issue 11).
+"""Peak memory of ``spasm merge`` and of the end-of-run compaction as the run grows.
 
 For each size (default 5,000 and 45,000 dialogues) it builds, untimed:
 

@@ -1,10 +1,10 @@
-"""Calls lost to a fault storm: rate limits waited out vs rate limits spending attempts (issue 22).
+"""Calls lost to a fault storm: rate limits waited out vs rate limits spending attempts.
 
 N calls through :class:`spasm.calls.Caller` (C in flight, default ``max_attempts`` 6) to the
 loopback test server answering 20% 429s (no ``Retry-After``), 5% 500s and 5% malformed bodies,
 with sleeps scaled to 0 (the counts, not the waits, are measured). Two runs:
 
-* ``budget 0``: every 429 spends an attempt (what spasm did before issue 22);
+* ``budget 0``: every 429 spends an attempt (no rate-limit budget);
 * ``budget 300`` (the default): 429s are waited out and only the other errors spend attempts.
 
 For each it prints the calls that failed all their attempts (each a quarantined dialogue in a

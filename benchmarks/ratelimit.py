@@ -1,4 +1,4 @@
-"""Rate limits at full speed (issue 27): throughput under 429s against the test server.
+"""Rate limits at full speed: throughput under 429s against the test server.
 
 In one invocation, each part against ``spasm.testing.server`` at latency L (default 20 ms):
 

@@ -1,6 +1,6 @@
 """Throughput and CPU cost of the run engine against the OpenAI-compatible test server.
 
-What it measures, in one process (SPEC §6, issue 3 item 9):
+What it measures, in one process:
 
 1. **Bare loop** (the practical ceiling): ``openai.AsyncOpenAI`` (``max_retries=0``) with C
    requests in flight (an anyio task group and a ``CapacityLimiter``) sending M chat requests to
@@ -23,7 +23,7 @@ client's GIL. Run it with::
     .venv/bin/python benchmarks/throughput.py                       # N=400, L=0.2, C=64, turns=3
     .venv/bin/python benchmarks/throughput.py --concurrency 16 --repeat 3
 
-Acceptance (issue 3): engine ≥ 0.9 of C/L at C = 64, L = 200 ms.
+Target: engine ≥ 0.9 of C/L at C = 64, L = 200 ms.
 """
 
 from __future__ import annotations
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
               + "; engine end to end " + ", ".join(f"{m.rate:.1f}" for m in eng)
               + "; engine window " + ", ".join(f"{m.window_rate or 0:.1f}" for m in eng))
     verdict = "PASS" if e.rate / bound >= 0.9 else "BELOW TARGET"
-    where = "" if (c, lat) == (64, 0.2) else " (issue 3 sets the target at C = 64, L = 200 ms)"
+    where = "" if (c, lat) == (64, 0.2) else " (the target is set at C = 64, L = 200 ms)"
     print(f"  engine end to end ≥ 0.9 of C/L: {e.rate / bound:.3f} → {verdict}{where}")
     results["throughput"] = {
         "bound_rps": bound,

@@ -1,4 +1,4 @@
-"""The engine's throughput per call with tools against the same run without (issue 31).
+"""The engine's throughput per call with tools against the same run without.
 
 What it measures, in one process and one invocation, against one test-server subprocess
 (``python -m spasm.testing.server --latency L --call-tools``, so its CPU is never charged to

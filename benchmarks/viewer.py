@@ -17,7 +17,7 @@ The server's peak resident memory is read from ``/proc/PID/status`` (``VmHWM``) 
 
     .venv/bin/python benchmarks/viewer.py [--run DIR] [--dialogues 45000] [--requests 30]
 
-Acceptance (issue 10): list with a filter and dialogue page each under 300 ms on 2 cores, and
+Target: list with a filter and dialogue page each under 300 ms on 2 cores, and
 the server under 500 MB.
 """
 

@@ -1,6 +1,7 @@
 """The JSON columns have one owner (spasm.dataset.columns): each model round-trips through real
-Parquet, dumps the exact bytes spasm wrote before the models existed, reads the older probe
-formats, and a malformed cell is reported as a FormatError naming its column."""
+Parquet, dumps the exact compact JSON stored runs hold (separators, key order, non-ASCII
+kept), reads the older probe formats, and a malformed cell is reported as a FormatError naming
+its column."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def _request() -> ChatRequest:
                        max_tokens=40, seed=3, json_schema={"type": "object"})
 
 
-# -- bytes: what spasm wrote before the models ---------------------------------------------------
+# -- bytes: the compact JSON stored runs hold -----------------------------------------------------
 
 
 def test_each_dump_writes_the_bytes_spasm_wrote_before_the_models() -> None:

@@ -1,4 +1,4 @@
-"""The run engine under faults, budget caps, dry runs and determinism (issue 3)."""
+"""The run engine under faults, budget caps, dry runs and determinism."""
 
 from __future__ import annotations
 

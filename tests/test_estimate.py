@@ -1,5 +1,5 @@
 """``--dry-run`` estimates by construction: the planned dialogues run through the same code
-against scripted, token-counting backends (issue 8, item 4)."""
+against scripted, token-counting backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Role confusion in group dialogues (issue 19 item 5): each detector on planted data with a
+"""Role confusion in group dialogues: each detector on planted data with a
 known answer, then `spasm eval` and `spasm compare` end to end on a small group run written
 through the run store and read back from Parquet."""
 
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from spasm.dataset.reader import open_run
-from spasm.dataset.rows import I32, OptStr, Row, Str, TurnRow
+from spasm.dataset.rows import Row, Str
 from spasm.dataset.store import RunStore
 from spasm.evaluation import evaluate, register_embedder
 from spasm.evaluation.compare import load_comparison
@@ -198,28 +198,6 @@ def test_seat_drift_runs_the_drift_metric_on_each_client_seat() -> None:
 # --------------------------------------------------------------------------- end to end
 
 
-class GroupTurnRow(TurnRow):
-    """The turns of a group run as issue 19 stores them: the role beside the participant id
-    (spasm.dataset.rows.GroupTurnRow once it is committed; the same columns)."""
-
-    role: OptStr = None
-    next_speaker_reason: OptStr = None
-
-
-class ParticipantRow(Row):
-    table: ClassVar[str] = "participants"
-    keys: ClassVar[tuple[str, ...]] = ("dialogue_id", "position")
-
-    dialogue_id: Str
-    participant_id: Str
-    position: I32
-    role: Str
-    persona_id: OptStr = None
-    backend: OptStr = None
-    model: OptStr = None
-    level: OptStr = None
-
-
 def _group_texts(k: int, condition: str) -> tuple[list[str], list[str]]:
     """A 4-participant dialogue; under CONCAT Ben speaks as Ana and Cleo relays Ana's line,
     Cleo is addressed and stays silent, and Ana and Ben lock into a loop."""
@@ -255,11 +233,7 @@ def _write_group_run(run: Path, n: int = 4) -> Path:
     store = RunStore(run)
     store.create()
     store.set_persona_fields(schema.field_names, schema.integer_fields())
-    if hasattr(store, "declare_group"):  # the store's own group declaration (issue 19 item 6)
-        store.declare_group()
-    else:  # the same columns, declared here until it lands
-        store.models["turns"] = GroupTurnRow
-    store.models.setdefault("participants", ParticipantRow)
+    store.declare_group()  # the turns' group columns; the participants table is every run's
     personas = [{"persona_id": pid, "persona_index": i, "card": f"{name} is in a support group.",
                  "concern": f"{name}'s worry"}
                 for i, (pid, name) in enumerate([("p-ana", "Ana"), ("p-ben", "Ben"), ("p-cleo", "Cleo")])]

@@ -1,7 +1,8 @@
-"""Group dialogues in ``spasm eval``'s report and in the per-side metrics (issue 19): a group
+"""Group dialogues in ``spasm eval``'s report and in the per-side metrics: a group
 run on the test server gets the group section and its figures; a hand-made group run's
 per-role realism, diagnostics and language values are the ones computed by hand; a two-party
-run's figures, metrics and per-dialogue values are what they were before group support."""
+dialogue beside group ones keeps the values it has alone; a two-party run gets the two-party
+figures only, no group section, file or metric, and every dialogue measured."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Own content (issue 32): drift, separability and consistency on what the Client wrote itself,
+"""Own content: drift, separability and consistency on what the Client wrote itself,
 with the spans it copied removed. Known answers: a Client that copies its partner verbatim from
 some turn on drifts differently on the raw text and exactly like its twin that does not copy on
 own content; a dialogue without copying has own-content values equal to the raw ones."""

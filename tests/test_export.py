@@ -344,7 +344,7 @@ def test_an_existing_output_or_an_unfinished_run_is_refused(clean: Path, tmp_pat
     assert export(clean, out) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    # --overwrite replaces only an earlier export (issue 22), never the user's files.
+    # --overwrite replaces only an earlier export, never the user's files.
     assert export(clean, out, "--overwrite", "--format", "openai") == 2
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     (out / "keep.txt").unlink()

@@ -1,5 +1,5 @@
 """``spasm export --role PARTICIPANT_ID`` (and ``client``/``responder`` for every seat) on a
-group run (issue 19 item 6): a group run on the test server, exported from each participant's
+group run: a group run on the test server, exported from each participant's
 own frame, loaded back with ``datasets``."""
 
 from __future__ import annotations

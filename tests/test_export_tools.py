@@ -1,4 +1,4 @@
-"""Export that trains tool use (issue 31 item 8), on a run of agents that act written through
+"""Export that trains tool use, on a run of agents that act written through
 the run store (tests/tool_run.py): openai ``tools`` + ``tool_calls`` + ``tool`` messages,
 ShareGPT with LLaMA-Factory's ``function_call``/``observation`` turns and ``tools`` column
 (named in dataset_info.json), hf messages a tools-aware chat template renders, ``--check`` on

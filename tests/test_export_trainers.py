@@ -1,6 +1,6 @@
 """``spasm export`` as trainers take it: endings, masks in every format, the system prompt for
 templates without a system role, LLaMA-Factory's and axolotl's configs, and ``--check`` as
-OpenAI's data-preparation checks count (issue 20)."""
+OpenAI's data-preparation checks count."""
 
 from __future__ import annotations
 
@@ -386,7 +386,7 @@ def test_identical_exports_are_byte_identical_and_only_the_cards_paths_differ_el
 @pytest.mark.parametrize("fmt", ["openai,sharegpt,hf", "openai"])
 def test_load_dataset_of_the_folder_sees_a_re_export_with_overwrite(
         clean: Path, tmp_path: Path, fmt: str) -> None:
-    """``datasets`` caches a folder's ``configs`` by its data files' names (issue 28 item 10): the
+    """``datasets`` caches a folder's ``configs`` by its data files' names: the
     files the card names carry their content's digest, so a re-export under --overwrite loads
     its own rows, not the earlier export's, with the same cache."""
     out, cache = tmp_path / "out", str(tmp_path / "hf-cache")

@@ -1,4 +1,4 @@
-"""Fuzzing every command that reads a user's file (issue 12): random bytes, truncated files and
+"""Fuzzing every command that reads a user's file: random bytes, truncated files and
 random or mutated YAML/JSON must end in exit 0 or 2 with a message — never a traceback — and an
 exit 2 writes nothing."""
 

@@ -1,4 +1,4 @@
-"""Group dialogues (issue 19): participants, a projection for each, who speaks next, and the
+"""Group dialogues: participants, a projection for each, who speaks next, and the
 run on the test server with its tables read back, resumed after kill -9."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Harness levels for group seats (issue 19): each participant at its own level A–E, the
+"""Harness levels for group seats: each participant at its own level A–E, the
 layers seeing the group (labels by participant id, the seat's role deciding client or
 responder behaviour), audits and persona probes per seat, frames that verify."""
 

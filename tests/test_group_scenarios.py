@@ -1,4 +1,4 @@
-"""Scenarios in group dialogues (issue 19, with issue 18's scenarios): every group dialogue is
+"""Scenarios in group dialogues: every group dialogue is
 crossed with every scenario, the same people meet every scenario, every client seat's card
 carries the situation and the goal, every responder seat's instructions the context, nobody
 sees the expected outcome, and one goal-judge call over the whole group transcript (lines
@@ -101,7 +101,7 @@ def test_group_dialogues_cross_scenarios_with_the_same_people_and_paired_seeds()
     cfg = parse_config(_data("http://127.0.0.1:9/v1", scenarios=SCENARIOS), "<t>")
     before = list(plan(base, _personas()))
     specs = list(plan(cfg, _personas()))
-    # Without scenarios: ids and seeds as before (g<index>-<condition>, the draw's seed).
+    # Without scenarios: the plain ids and seeds (g<index>-<condition>, the draw's seed).
     assert [s.dialogue_id for s in before] == ["g0000-ecp", "g0000-concat", "g0001-ecp",
                                                "g0001-concat"]
     assert [s.seed for s in before] == [derive_seed(7, "group", g) for g in (0, 0, 1, 1)]

@@ -1,4 +1,4 @@
-"""A group run with tools (issue 31 items 7-9) generated on the test server (the recipe of
+"""A group run with tools generated on the test server (the recipe of
 tests/test_tools_run.py: Ana and Ben check their own app, Helper looks the order up): each
 seat's export keeps its own calls and never another seat's, ``--check`` passes, payload_leak
 checks every client seat against its own frame, and the viewer shows each seat's events and

@@ -1,4 +1,4 @@
-"""Hostile conditions (issue 12): two writers, replaced runs, broken endpoints, signals, damaged
+"""Hostile conditions: two writers, replaced runs, broken endpoints, signals, damaged
 files, absurd input.
 
 Through the real CLI in subprocesses where processes matter, against the loopback test server.

@@ -1,4 +1,4 @@
-"""A full disk is the environment, never a bug (issue 28 item 6): the run stops with the CLI's
+"""A full disk is the environment, never a bug: the run stops with the CLI's
 disk-full message naming the file, no traceback, nothing quarantined, and the same command
 resumes once there is space.
 

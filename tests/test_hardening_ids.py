@@ -1,4 +1,4 @@
-"""Silent data-loss paths (issue 22, items 1, 2 and 6): dialogue ids that cannot collide and a
+"""Silent data-loss paths: dialogue ids that cannot collide and a
 summary that counts what was stored; integrity that depends on content, never on file times;
 writers of `qa.parquet` that take the run lock."""
 

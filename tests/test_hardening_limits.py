@@ -1,4 +1,4 @@
-"""Hostile conditions (issue 22, items 4, 5 and 7): limits that limit, secrets that stay secret,
+"""Hostile conditions: limits that limit, secrets that stay secret,
 bad input that is a clear exit 2 (or a quarantined call) instead of a traceback.
 
 Real code paths: the openai SDK over HTTP to the loopback test server, the CLI's ``main``, Parquet

@@ -1,4 +1,4 @@
-"""Hostile conditions (issue 22, items 3, 8 and 9): outputs that would destroy what they land
+"""Hostile conditions: outputs that would destroy what they land
 on, interrupted replacements, signals and closed pipes, and the smaller cases.
 
 Through the real CLI (in-process, or in subprocesses where processes matter) against the
@@ -134,7 +134,7 @@ def test_generate_overwrite_and_import_force_replace_only_runs_of_their_own(
     assert main(["import", str(sample), "--out", str(docs), "--force"]) == 2
     assert "not a spasm run directory" in capsys.readouterr().err
     assert [p.name for p in docs.iterdir()] == ["notes.md"]
-    # An earlier import is replaced by --force, as before.
+    # An earlier import is replaced by --force.
     imported = tmp_path / "imported"
     assert main(["import", str(sample), "--out", str(imported)]) == 0
     assert main(["import", str(sample), "--out", str(imported), "--force"]) == 0

@@ -1,4 +1,4 @@
-"""Nothing silent (issue 28, items 7 to 13): degradations that are counted and said, judges that
+"""Nothing silent: degradations that are counted and said, judges that
 never default to code, outputs that never replace another's, and bad input that ends as exit 2
 with the file, the line and what to do.
 
@@ -216,7 +216,7 @@ def test_eval_replaces_an_earlier_evaluation_outside_the_run_only_with_overwrite
     assert "pass --overwrite to replace it" in capsys.readouterr().err
     assert (out / "metrics.json").read_bytes() == before
     assert main(["eval", str(a), "--out", str(out), "--no-progress", "--overwrite"]) == 0
-    # Its own RUN/eval is replaced as before, without a flag.
+    # Its own RUN/eval is replaced without a flag.
     assert main(["eval", str(a), "--no-progress"]) == 0
     assert main(["eval", str(a), "--no-progress"]) == 0
 
@@ -283,7 +283,7 @@ def test_an_edited_persona_file_is_refused_on_resume_naming_the_rows(
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["personas_source"]["count"] == (3 if edit == "rejected_row_fixed" else 2)
     capsys.readouterr()
-    # The same file: nothing to do, and said so as before.
+    # The same file: nothing to do, and said so.
     assert main(argv) == 0
     assert "0 new" in capsys.readouterr().out
     before = (tmp_path / "run" / "dialogues.parquet").exists()
@@ -633,7 +633,7 @@ def test_ending_keep_for_the_client_says_every_example_ends_on_a_user_turn(
     text = (out / "README.md").read_text()
     assert "every example ends on a `user` message" in text and "fails" in text
     assert "some end" not in text
-    # The default ending records no such count (card.json as before).
+    # The default ending records no such count in card.json.
     trimmed = tmp_path / "trimmed"
     assert main(["export", str(small_run), "--out", str(trimmed), "--split", "1", "--role", "client",
                  "--allow-qa", "ai_identity,prompt_leak"]) == 0

@@ -139,7 +139,7 @@ def _cost(tmp: Path, utterances: int, variant: str = "default") -> dict[str, Any
 
 @pytest.mark.e2e
 def test_level_e_stays_within_its_token_budget_on_long_dialogues(tmp_path: Path) -> None:
-    """The harness design's cost targets at its checker rates (issue 13): E ≤ 1.25 × A's tokens
+    """The harness design's cost targets at its checker rates: E ≤ 1.25 × A's tokens
     at 50 utterances and ≤ 1.0 × at 100 (raw, as the server reports them), ≤ 1.5 × at 100
     with cached prompt tokens at half price; the merged review costs less than two calls."""
     at50, at100 = _cost(tmp_path, 50), _cost(tmp_path, 100)

@@ -1,4 +1,4 @@
-"""``spasm merge`` refusals, and the streaming k-way merge behind it and the compaction (issue 11)."""
+"""``spasm merge`` refusals, and the streaming k-way merge behind it and the compaction."""
 
 from __future__ import annotations
 

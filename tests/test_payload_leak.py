@@ -1,4 +1,4 @@
-"""``payload_leak`` (issue 31 item 7a): a Client utterance that repeats a span found only in
+"""``payload_leak``: a Client utterance that repeats a span found only in
 events its egocentric frame would not show, by condition, offline.
 
 On a hand-written run of agents that act (tests/tool_run.py, written through the run store):

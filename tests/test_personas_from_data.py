@@ -1,4 +1,4 @@
-"""Personas from data (issue 18 item 1): CSV, JSONL, Parquet and a ``datasets`` directory read
+"""Personas from data: CSV, JSONL, Parquet and a ``datasets`` directory read
 into the same personas table; field_map, cards, descriptions, the drift dimensions extracted
 once through the caller, source ids, the schema's rules, seeded sampling, and bad rows as clear
 errors or rejections with reasons. The end-to-end test runs a CSV of 3 personas through

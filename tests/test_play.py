@@ -388,7 +388,7 @@ def _play_in_process(cfg: Path, out: Path, first: bytes, *flags: str) -> tuple[i
 
 def test_a_person_silent_past_the_idle_timeout_ends_the_dialogue_keeping_what_was_said(
         tmp_path: Path, server: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    """A person who goes silent (issue 26): without --idle-timeout the session waits as long
+    """A person who goes silent: without --idle-timeout the session waits as long
     as it takes, and says so; with one, the prompt that gets no line in time ends the dialogue
     there, saved like an /end (termination_reason person_silent). The first line is in the
     pipe at once; the second never comes, so the 1 s timeout ends it (not a measurement)."""
@@ -413,7 +413,7 @@ def test_a_person_silent_past_the_idle_timeout_ends_the_dialogue_keeping_what_wa
 
 def test_what_a_person_types_is_counted_apart_from_the_model_tokens(
         tmp_path: Path, server: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    """A person's turns are no model's output (issue 26): their call rows carry no tokens, the
+    """A person's turns are no model's output: their call rows carry no tokens, the
     run's token total and the dialogue's token columns are the models' alone, and the summary
     line and the manifest count the person's turns and the tokens of their text apart."""
     out = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""Visibility is data, and the projections obey it (issue 31 item 4).
+"""Visibility is data, and the projections obey it.
 
 The property: over many random histories with events, two-party and group, no ECP or quoted
 frame ever contains the payload of an event whose ``visible_to`` lacks its viewer, and every

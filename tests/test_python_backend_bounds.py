@@ -1,5 +1,5 @@
 """Every call of your agent (``kind: python``) has a bound that holds, and the agent cannot end
-spasm (issue 28 items 3 and 4): a plain function that blocks, an ``async`` one that blocks its
+spasm: a plain function that blocks, an ``async`` one that blocks its
 event loop, one that calls ``sys.exit()`` or raises ``KeyboardInterrupt`` during a call or when
 it is imported. Through the real CLI in subprocesses where the process's exit is the point
 (their ``timeout`` only catches a hang), against the loopback test server."""

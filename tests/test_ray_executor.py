@@ -1,4 +1,4 @@
-"""The Ray executor (``spasm generate --executor ray``) on a local Ray cluster (issue 11).
+"""The Ray executor (``spasm generate --executor ray``) on a local Ray cluster.
 
 The cluster is started once for the module with ``ray.init(num_cpus=2)``, every part of it on
 the loopback interface; each Ray task runs the ordinary engine against the test server.

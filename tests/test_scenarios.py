@@ -1,4 +1,4 @@
-"""Scenarios with goals (issue 18 item 2), end to end on the test server.
+"""Scenarios with goals, end to end on the test server.
 
 The Client's card carries the situation and the goal, never the expected outcome; the
 Responder sees only its role and the scenario's context; the goal judge decides after the

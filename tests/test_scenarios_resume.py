@@ -4,8 +4,8 @@ counts scenarios.
 The config names a scenario file by its path, so the run's fingerprint cannot see an edit: the
 manifest records a digest of the scenarios as parsed (``scenarios``), a resume after an edit is
 exit 2 naming the file and the ids (nothing written), an unchanged (or only reformatted) file
-resumes into the same dataset as an uninterrupted run, a run written before the record resumes
-as before, and ``spasm merge`` refuses shards that ran different scenarios. All on the test
+resumes into the same dataset as an uninterrupted run, a run whose manifest has no such record
+resumes unchecked, and ``spasm merge`` refuses shards that ran different scenarios. All on the test
 server through ``spasm generate`` / ``spasm merge``, tables read back from Parquet.
 """
 
@@ -132,10 +132,10 @@ def test_a_run_from_before_the_record_resumes_as_before(
     run = tmp_path / "run"
     _pilot(cfg, run)
     manifest = json.loads((run / "manifest.json").read_text())
-    del manifest["scenarios"]  # as a spasm before the record wrote it
+    del manifest["scenarios"]  # a manifest without the record
     (run / "manifest.json").write_text(json.dumps(manifest))
     _scenario_file(tmp_path, _edited())
-    assert _generate(cfg, run) == 0  # no record, no check: as before
+    assert _generate(cfg, run) == 0  # no record, no check
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "complete" and "scenarios" not in manifest
     ids = set(open_run(run).dialogues.scenario_id)

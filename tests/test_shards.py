@@ -1,4 +1,4 @@
-"""Deterministic shards (``spasm generate --shard I/N``) and their merge (issue 11)."""
+"""Deterministic shards (``spasm generate --shard I/N``) and their merge."""
 
 from __future__ import annotations
 

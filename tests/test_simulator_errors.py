@@ -1,4 +1,4 @@
-"""The simulated user's errors, LLM-judged (issue 31 item 7, ``spasm eval --simulator-errors``).
+"""The simulated user's errors, LLM-judged (``spasm eval --simulator-errors``).
 
 A run with scenarios on the test server, then ``spasm eval --simulator-errors`` with the run's
 own backend as the judge, over real HTTP: every two-party dialogue gets one review call (role

@@ -1,4 +1,4 @@
-"""Tools and a world (issue 31 item 1): schemas from hints and docstrings, calls that fail
+"""Tools and a world: schemas from hints and docstrings, calls that fail
 become results with an error, the world is copied and hashed, bad definitions name their line."""
 
 from __future__ import annotations

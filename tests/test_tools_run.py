@@ -1,4 +1,4 @@
-"""Agents that act, end to end (issue 31 items 1-5): a run with tools over the real ``openai``
+"""Agents that act, end to end: a run with tools over the real ``openai``
 SDK to the test server on 127.0.0.1 and a ``kind: python`` Responder, its events and worlds
 read back from Parquet, seen() verifying tool frames, the reward, the dry run counting tool
 steps, and every bad input an exit 2 before any call."""

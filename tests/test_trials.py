@@ -1,9 +1,9 @@
-"""Trials and reliability (issue 31 item 6), end to end on the test server.
+"""Trials and reliability, end to end on the test server.
 
 ``spasm generate --trials K`` runs every planned dialogue K times, each trial with its own seed
 (shared by the conditions of that trial, so they stay paired) and ``dialogues.trial``; resume,
-shards and merge keep working; a run without trials plans the same ids and seeds as before
-(the golden run pins its bytes). ``spasm eval`` reports pass^k for k = 1..K by both
+shards and merge keep working; a run without trials plans the ids and seeds the golden run
+pins (its bytes). ``spasm eval`` reports pass^k for k = 1..K by both
 estimators, and the noise floor, in metrics.json and the report; the numbers are checked
 against the goal verdicts read back from Parquet.
 """

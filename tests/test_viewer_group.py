@@ -1,4 +1,4 @@
-"""`spasm view` of a group dialogue (issue 19 item 6), over HTTP against a real uvicorn server on
+"""`spasm view` of a group dialogue, over HTTP against a real uvicorn server on
 127.0.0.1 serving a four-participant run generated through the engine and the test server: the
 participants listed, each message with its speaker's id and colour, why it spoke, and what
 each participant saw for any turn, rebuilt and verified against the stored digest."""

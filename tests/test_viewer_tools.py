@@ -1,4 +1,4 @@
-"""`spasm view` of agents that act (issue 31 item 9), over HTTP against a real uvicorn server on
+"""`spasm view` of agents that act, over HTTP against a real uvicorn server on
 127.0.0.1: each turn's tool calls and results inline with who could see them (and what the
 others were shown instead), "what X saw" with its tool messages, rebuilt and verified, and the
 world at the end beside the gold world as a diff. On the hand-written run (tests/tool_run.py)

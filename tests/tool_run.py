@@ -1,4 +1,4 @@
-"""A small run of agents that act, written by hand through spasm's own store (issue 31).
+"""A small run of agents that act, written by hand through spasm's own store.
 
 Two dialogues of one persona and scenario, ECP and CONCAT, each with the Responder's lookup
 (visible to it alone; the Client is shown a notice), the Client's own action (dual control:
