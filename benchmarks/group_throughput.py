@@ -16,7 +16,7 @@ against the two-party engine on the test server, as a ratio measured in one run)
 
 Each is reported as utterances/s end to end (``Engine.run``'s wall time) and over the window from
 the first call's start to the last call's end (from the run's ``calls`` table), as a ratio of the
-bound C/L, and the group's as a ratio of the two-party run's: the figure the issue asks for. The
+bound C/L, and the group's as a ratio of the two-party run's: the figure this benchmark is for. The
 test server (``python -m spasm.testing.server --latency L``, i.e. ``FaultPlan(latency_s=L)``)
 runs in a subprocess so that its CPU is never charged to the engine, as in
 ``benchmarks/throughput.py``. Run it with::

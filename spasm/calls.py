@@ -150,7 +150,7 @@ class Cache:
                 "resolved_model": completion.resolved_model,
                 "finish_reason": completion.finish_reason,
                 "latency_s": completion.latency_s,
-                # Only a reply that calls tools has the key: other entries are as they were.
+                # Only a reply that calls tools has the key: an entry without it called none.
                 **({"tool_calls": [[c.id, c.name, c.arguments] for c in completion.tool_calls]}
                    if completion.tool_calls else {}),
             }

@@ -64,7 +64,7 @@ def run(finished: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(finished, tmp_path / "run"))
 
 
-# -- item 3: outputs never destroy what they land on -------------------------------------------
+# -- outputs never destroy what they land on ---------------------------------------------------
 def test_export_overwrite_never_deletes_a_run_or_a_folder_of_other_files(
     run: Path, tmp_path: Path, capsys: Any
 ) -> None:
@@ -155,7 +155,7 @@ def test_eval_replaces_its_own_output_but_not_someone_elses(run: Path, tmp_path:
     assert json.loads((run / "eval" / OUTPUT_MARKER).read_text())["written_by"] == "spasm eval"
 
 
-# -- item 8: interrupted replacements, signals, closed pipes -----------------------------------
+# -- interrupted replacements, signals, closed pipes -------------------------------------------
 def _wait_for(check: Any, proc: subprocess.Popen[str], what: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -292,7 +292,7 @@ def test_sigterm_during_executor_ray_exits_143_with_the_resume_hint(tmp_path: Pa
     assert "SIGTERM received" not in err and "Traceback" not in err
 
 
-# -- item 9: the smaller cases -----------------------------------------------------------------
+# -- the smaller cases -------------------------------------------------------------------------
 def test_resume_with_overwrite_and_a_negative_pilot_are_refused(run: Path, capsys: Any) -> None:
     before = _digest(run)
     cfg = ["--config", str(run.parent / "none.yaml"), "--out", str(run), "--no-progress"]

@@ -46,7 +46,7 @@ def _unparsable_for(marker: str) -> Any:
     return reply
 
 
-# -- item 7: a goal judge that never parses, a moderator that never answers ---------------------
+# -- a goal judge that never parses, a moderator that never answers -----------------------------
 def test_a_goal_judge_that_never_parses_is_counted_in_the_summary_and_manifest_and_warned(
     tmp_path: Path, capsys: Any, caplog: Any
 ) -> None:
@@ -102,7 +102,7 @@ def test_an_llm_moderator_that_never_answers_usably_is_counted_and_warned(
     assert manifest["counts"]["moderator_fallbacks_this_pass"] == fallbacks
 
 
-# -- item 8: judges and moderators never default to code -----------------------------------------
+# -- judges and moderators never default to code -------------------------------------------------
 def _python_backend() -> dict[str, Any]:
     return {"kind": "python", "target": "examples/responder.py:respond"}
 
@@ -161,7 +161,7 @@ def test_the_cli_says_which_key_to_set_for_a_python_client_with_scenarios(
     assert not (tmp_path / "run").exists()
 
 
-# -- item 9: eval, card and personas never replace another's output ------------------------------
+# -- eval, card and personas never replace another's output --------------------------------------
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("two")
@@ -262,7 +262,7 @@ def test_personas_never_writes_over_an_existing_file_without_overwrite(
     assert len(pd.read_parquet(out)) >= 2
 
 
-# -- item 11: an edited personas.source is refused on resume, as a scenario file is ---------------
+# -- an edited personas.source is refused on resume, as a scenario file is ------------------------
 _ROWS = ("id,first_name,age,occupation,city,concern,emotion,motivation\n"
          "a1,Aisha,34,Nurse,Leeds,a card payment I do not recognise,anxious,wants it reversed\n"
          "a2,Tomasz,67,Retiree,Gdansk,my pension arrived late,frustrated,needs a guarantee\n")
@@ -307,7 +307,7 @@ def test_an_edited_persona_file_is_refused_on_resume_naming_the_rows(
     assert main(argv) == 0
 
 
-# -- item 13: bad input is exit 2 with the file, the line and what to do, never a traceback -----
+# -- bad input is exit 2 with the file, the line and what to do, never a traceback --------------
 _HUGE = "9" * 5000
 _DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -514,7 +514,7 @@ def test_two_evaluations_at_once_distil_the_static_table_once(
     np.testing.assert_array_equal(made[0].embed(["x"]), made[1].embed(["x"]))
 
 
-# -- item 12: the embedded model's replies depend on the prompt alone, never on the schedule ------
+# -- the embedded model's replies depend on the prompt alone, never on the schedule ---------------
 def _sampled_loop(backend: Any, prefix: str, utterances: int = 6) -> list[str]:
     """A two-agent ECP dialogue sampled at temperature 0.7 (as runs are), replies as stored."""
     from spasm.agents import clean_reply, client_system_prompt, responder_system_prompt
@@ -612,7 +612,7 @@ def test_the_paired_drift_table_of_a_three_condition_run_says_it_compares_two() 
     assert "against the baseline" in title
 
 
-# -- item 10: what the export's card says LLaMA-Factory and OpenAI will do is what they do -------
+# -- what the export's card says LLaMA-Factory and OpenAI will do is what they do ----------------
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.test_qa import generate_run

@@ -169,9 +169,9 @@ def test_prompt_order_and_what_is_never_in_it() -> None:
     h, session, _ = _harness("E")
     last = anyio.run(_turns, h, session, 10)[-1]
     system, context, notes = last[0]["content"], last[1]["content"], last[-1]["content"]
-    # Stable block in SPEC order: identity facts, then style rules, then never-boundaries.
+    # Stable block in order: identity facts, then style rules, then never-boundaries.
     assert system.index("Who you are:") < system.index("How you write:") < system.index("Never:")
-    # Turn block in SPEC order: state items, scene, examples, correction.
+    # Turn block in order: state items, scene, examples, correction.
     assert notes.index("Where you stand now:") < notes.index("Scene:") < notes.index("Examples")
     assert context.startswith("Earlier in this conversation")
     # Never the whole state: no JSON, at most state_items items.

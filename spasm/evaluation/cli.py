@@ -331,7 +331,7 @@ def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         options = {"model": args.embedding_model}
     if device != "cpu" and getattr(args, "ray", None) is not None:
         raise UserError("--device cuda is not available with --ray yet: the workers embed on CPUs.")
-    if device != "cpu":  # the CPU is every embedder's default: its options stay as they were
+    if device != "cpu":  # the CPU is every embedder's default: no option for it
         options["device"] = device
     return args.embedder, options
 

@@ -281,7 +281,7 @@ def seat_drift(
     mean over the seat's utterances t >= 1 (NaN for a seat that spoke once or never).
 
     The drift metric takes one Client's utterances and persona; each seat is handed to it as
-    its own conversation (its utterances only, its persona id), so the definition is unchanged.
+    its own conversation (its utterances only, its persona id): a seat drifts as a Client does.
     ``own``: drift on own content instead (:mod:`spasm.evaluation.owncontent`): per dialogue,
     per utterance, the text to embed, ``None`` for an utterance left out (its turn is missing).
     """

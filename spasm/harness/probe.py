@@ -12,7 +12,7 @@ have left the window, so the probe measures what the structured record kept.
 
 **How a message is named in the question.** Quoting its first words would hand the answer to
 the model, so a message is named by its place among the partner's messages: "their very first
-message" (the depth-0 question is :data:`PROBE_QUESTION`, unchanged since the single probe),
+message" (the depth-0 question is :data:`PROBE_QUESTION`, the one a single probe asks),
 else "their message number *k* of the *m* they have sent so far (*m − k* before their
 latest)". Both anchors are given because a model counts more reliably from the nearer end, and
 both can be read off its prompt: at level A the partner's messages are all there in order; from
@@ -22,7 +22,7 @@ Stored on each speaker's last turn (``turns.probe``) as ``{"probes": [...]}``, o
 :class:`~spasm.dataset.columns.Probe` per probed message: ``depth``, ``index`` (of the
 utterance), ``partner_message`` (its place among the partner's), ``distance`` (utterances said
 after it), ``in_window`` (still verbatim in the agent's prompt), ``facts``, ``answer``,
-``recall`` (and ``error`` when the call failed). Runs written before depth probes hold a single
+``recall`` (and ``error`` when the call failed). An older run's column may hold one probe as a
 dict (``opening_index``, ``in_window``, ``facts``, ``answer``, ``recall``);
 :func:`~spasm.dataset.columns.load_probes` reads either and
 :func:`~spasm.dataset.columns.dump_probes` writes the column. The probes are run from outside

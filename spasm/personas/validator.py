@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 class PersonaVerdict(BaseModel):
     """The structured verdict of the LLM check (the persona stage's optional LLM check)."""
 
-    # The title keeps the JSON schema sent to the model (and so the request hashes) as it was.
+    # The title is part of the JSON schema sent to the model, and so of the request hashes.
     model_config = ConfigDict(extra="ignore", title="Verdict")
 
     valid: bool
