@@ -73,7 +73,7 @@ def offline_only(run_dir: Path) -> None:
     timings["realism aggregate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    language_scan(convs, data.persona_rows())
+    language_scan(convs, data.by_id)
     timings["language"] = time.perf_counter() - t0
 
     # The rule needs an embedding per utterance for its mirror signal; orthogonal stand-ins

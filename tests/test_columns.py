@@ -321,6 +321,13 @@ def test_a_record_becomes_a_persona_only_with_an_id_a_card_and_an_index() -> Non
     # A table without the index (not one spasm wrote): the record's place stands for it.
     assert persona_of({"persona_id": "p0", "card": "You are Ana.", "persona_index": None},
                       place=3).index == 3
+    # A table another tool wrote may hold only persona_id: the evaluation's reading of it
+    # gives such a persona the card "" (no card), and keeps a card the record has.
+    bare = persona_of({"persona_id": "p0", "concern": float("nan")}, place=1, card="")
+    assert (bare.card, bare.index, list(bare.fields)) == ("", 1, ["concern"])
+    assert persona_of(record, card="").card == "You are Ana."
+    with pytest.raises(FormatError, match="persona_index 'first' is not an integer"):
+        persona_of({**record, "persona_index": "first"})
     # The public reader's dict: the record as stored, checked for an id and a card only.
     assert persona_row({"persona_id": "p0", "card": "x"}) == {"persona_id": "p0", "card": "x"}
     with pytest.raises(FormatError, match="card"):

@@ -111,3 +111,35 @@ def test_missing_cards_fall_back_to_centroids(tmp_path: Path) -> None:
     m = evaluate(tmp_path, embedder="lookup", write=False, progress=False)
     (g,) = m.separability
     assert g.retrieval == "centroid" and g.note and "no card" in g.note
+
+
+def _foreign_run(path: Path, personas: dict[str, list[object]]) -> Path:
+    """A run directory another tool wrote: three plain Parquet files, the personas table with
+    only the columns given."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.mkdir()
+    pq.write_table(pa.table(personas), path / "personas.parquet")
+    ids = [f"d{i}" for i in range(6)]
+    pq.write_table(pa.table({"dialogue_id": ids, "persona_id": ["ab"[i % 2] for i in range(6)],
+                             "conversation_index": list(range(6))}), path / "dialogues.parquet")
+    pq.write_table(pa.table({"dialogue_id": ids, "turn_index": [0] * 6, "speaker": ["client"] * 6,
+                             "text": [f"text {i}" for i in range(6)]}), path / "turns.parquet")
+    return path
+
+
+def test_a_personas_table_of_ids_only_is_personas_without_cards(tmp_path: Path) -> None:
+    run = _foreign_run(tmp_path / "ids", {"persona_id": ["a", "b"]})
+    m = evaluate(run, embedder="lookup", write=False, progress=False)
+    (g,) = m.separability
+    assert m.counts.personas == 2
+    assert g.retrieval == "centroid" and g.note and "2 persona(s) have no card" in g.note
+
+
+def test_a_persona_index_that_is_no_integer_is_the_tables_error(tmp_path: Path) -> None:
+    from spasm.errors import UserError
+
+    run = _foreign_run(tmp_path / "bad", {"persona_id": ["a", "b"], "persona_index": ["0", "x"]})
+    with pytest.raises(UserError, match=r"personas\.parquet: persona 'b': persona_index 'x' is not"):
+        evaluate(run, embedder="lookup", write=False, progress=False)

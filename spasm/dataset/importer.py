@@ -39,9 +39,11 @@ from typing import Any, cast
 from spasm.dataset.files import atomic_write_text
 from spasm.dataset.integrity import file_sha256
 from spasm.dataset.outputs import check_output, finish_replacement
+from spasm.dataset.persona_rows import persona_of, persona_record
 from spasm.dataset.rows import SCHEMA_VERSION, DialogueRow, TurnRow
 from spasm.dataset.store import write_finished_run
 from spasm.errors import UserError
+from spasm.personas.persona import Persona
 from spasm.registry import PROJECTIONS, ordered_conditions
 
 __all__ = ["FIELD_ALIASES", "FORMATS", "detect_format", "export_spasm_jsonl", "import_conversations",
@@ -220,7 +222,7 @@ def import_spasm_jsonl(
     _check_target(out, overwrite)
     schema = load_schema(None)
     columns, integer = schema.field_names, schema.integer_fields()
-    personas: dict[str, dict[str, Any]] = {}
+    personas: dict[str, Persona] = {}
     dialogues: list[DialogueRow] = []
     turns: list[TurnRow] = []
     per_persona: Counter[str] = Counter()
@@ -242,12 +244,10 @@ def import_spasm_jsonl(
         if pid not in personas:
             mapped = persona_columns(fields, columns, integer)
             _check_integers(mapped, integer, where)
-            personas[pid] = {
-                "persona_id": pid, "persona_index": len(personas), "seed": 0,
-                **mapped,
-                "card": str(rec.get("persona_description") or ""), "card_source": "import",
-                "persona_fields": json.dumps(fields, ensure_ascii=False),
-            }
+            personas[pid] = Persona(
+                id=pid, index=len(personas), fields=mapped,
+                card=str(rec.get("persona_description") or ""), card_source="import",
+                source_fields=json.dumps(fields, ensure_ascii=False))
         did = f"{pid}-{tail}"
         rows = _turn_rows(did, rec["turns"], where)
         seed = rec.get("seed")
@@ -278,9 +278,9 @@ def import_spasm_jsonl(
         "counts": {"personas": len(personas), "dialogues": len(dialogues), "turns": len(turns)},
         "tables": ["personas", "dialogues", "turns"],
     }
-    write_finished_run(out, {"personas": list(personas.values()), "dialogues": dialogues,
-                             "turns": turns}, summary, persona_fields=(columns, integer),
-                       replace=overwrite)
+    write_finished_run(out, {"personas": [persona_record(p) for p in personas.values()],
+                             "dialogues": dialogues, "turns": turns}, summary,
+                       persona_fields=(columns, integer), replace=overwrite)
     return summary
 
 
@@ -315,9 +315,8 @@ def export_spasm_jsonl(run_dir: str | Path, path: str | Path) -> int:
     from spasm.dataset.reader import open_run
 
     run = open_run(run_dir)
-    personas = {str(p["persona_id"]): p for p in run.table("personas").to_pylist()}
-    fixed = {"persona_id", "persona_index", "seed", "card", "card_source", "verdicts",
-             "schema_name", "schema_version", "policy", "policy_version", "persona_fields"}
+    personas = {(one := persona_of(r, place=i, card="")).id: one
+                for i, r in enumerate(run.table("personas").to_pylist())}
     turns: dict[str, list[dict[str, Any]]] = {}
     for t in run.table("turns", ["dialogue_id", "turn_index", "speaker", "text"]).to_pylist():
         turns.setdefault(str(t["dialogue_id"]), []).append(t)
@@ -325,16 +324,16 @@ def export_spasm_jsonl(run_dir: str | Path, path: str | Path) -> int:
     for d in run.table("dialogues").to_pylist():
         if d["status"] != "ok":
             continue
-        p = personas.get(str(d["persona_id"]), {})
-        raw = p.get("persona_fields")
+        p = personas.get(str(d["persona_id"]))
+        raw = p.source_fields if p else None
         fields = json.loads(raw) if raw else {
-            k: v for k, v in p.items() if k not in fixed and v is not None}
+            k: v for k, v in (p.fields if p else {}).items() if v is not None}
         ts = sorted(turns.get(str(d["dialogue_id"]), []), key=lambda t: int(t["turn_index"]))
         lines.append(json.dumps({
             "persona_id": d["persona_id"],
             "conversation_id": _source_conversation_id(d),
             "persona_fields": fields,
-            "persona_description": str(p.get("card") or ""),
+            "persona_description": p.card if p else "",
             "turns": [{"speaker": "client" if t["speaker"] == "client" else "tested",
                        "turn_index": i, "text": t["text"]} for i, t in enumerate(ts)],
             "termination_reason": d["termination_reason"] or "",
@@ -587,7 +586,7 @@ def _import_people(
     row_model = human_row_model(DialogueRow)
     key = "conversations" if fmt == "sharegpt" else "messages"
     message_fmt = "sharegpt" if fmt == "sharegpt" else "openai"
-    personas: dict[str, dict[str, Any]] = {}
+    personas: dict[str, Persona] = {}
     dialogues: list[DialogueRow] = []
     turns: list[TurnRow] = []
     per_persona: Counter[str] = Counter()
@@ -611,11 +610,9 @@ def _import_people(
             raise UserError(f"{where}: the conversation has no line of a person (human/user); "
                             "leave it out of the file.")
         if operator not in personas:  # one persona per person: what the card would describe
-            personas[operator] = {
-                "persona_id": operator, "persona_index": len(personas), "seed": 0,
-                **persona_columns({}, columns, integer), "card": "", "card_source": "import",
-                "persona_fields": "{}",
-            }
+            personas[operator] = Persona(
+                id=operator, index=len(personas), fields=persona_columns({}, columns, integer),
+                card="", card_source="import", source_fields="{}")
         model = _str(rec, "model", default="unknown")
         turns.extend(rows)
         dialogues.append(cast(DialogueRow, row_model.model_validate({
@@ -641,7 +638,7 @@ def _import_people(
         "left_out": dict(sorted(skipped.items())),
         "tables": ["personas", "dialogues", "turns"],
     }
-    write_finished_run(out, {"personas": list(personas.values()), "dialogues": dialogues,
-                             "turns": turns}, summary, persona_fields=(columns, integer),
-                       replace=overwrite)
+    write_finished_run(out, {"personas": [persona_record(p) for p in personas.values()],
+                             "dialogues": dialogues, "turns": turns}, summary,
+                       persona_fields=(columns, integer), replace=overwrite)
     return summary

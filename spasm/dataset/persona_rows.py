@@ -88,37 +88,48 @@ _ATTR_OF: dict[str, str] = {column: attr for attr, column in _COLUMN_OF.items()}
 _ONLY_WHEN_SET = ("policy", "policy_version", "persona_fields", "source_id")
 
 
-def persona_of(record: Mapping[Any, Any], *, place: int | None = None) -> Persona:
+def persona_of(record: Mapping[Any, Any], *, place: int | None = None,
+               card: str | None = None) -> Persona:
     """A record (a table row as a mapping: pandas, Arrow or a plain dict) as a :class:`Persona`:
     each fixed column to its attribute, every other column to ``fields`` (in the record's
     order). Values are taken as the record holds them.
 
     Keys become strings; a record without a string ``persona_id`` and ``card`` is not a
-    persona, nor one without a ``persona_index`` unless ``place`` (the record's place in a
-    table that has none) stands for it: a :class:`~spasm.errors.FormatError`.
+    persona, nor one without an integer ``persona_index`` unless ``place`` (the record's place
+    in a table that has none) stands for it: a :class:`~spasm.errors.FormatError`. ``card``
+    stands for a record's missing card the same way: the evaluation reads personas tables
+    other tools wrote, which may hold only ``persona_id``, and gives such a persona the card
+    ``""``, no card (as an imported conversation's persona has; the stages that need a card say
+    that these have none).
     """
-    row = _checked(record)
+    row = {str(k): v for k, v in record.items()}
+    if card is not None and not isinstance(row.get("card"), str):
+        row["card"] = card
+    _check(row)
     index = row.get("persona_index")
     if index is None or (isinstance(index, float) and math.isnan(index)):
         if place is None:
             raise FormatError(f"a persona needs persona_index (its place in the set); this one "
                               f"has {', '.join(sorted(row))}")
         index = place
+    try:
+        number = int(index)
+    except (TypeError, ValueError, OverflowError):
+        raise FormatError(f"persona {row['persona_id']!r}: persona_index {index!r} is not an "
+                          "integer (its place in the set)") from None
     fixed = {_ATTR_OF[k]: v for k, v in row.items() if k in _ATTR_OF}
-    fixed["index"] = int(index)
+    fixed["index"] = number
     fields = {k: v for k, v in row.items() if k not in _ATTR_OF}
     return Persona(**fixed, fields=fields)
 
 
-def _checked(record: Mapping[Any, Any]) -> dict[str, Any]:
-    """``record`` with string keys; without a string ``persona_id`` and ``card`` it is not a
-    persona (a :class:`~spasm.errors.FormatError`)."""
-    row = {str(k): v for k, v in record.items()}
+def _check(row: Mapping[str, Any]) -> None:
+    """Without a string ``persona_id`` and ``card`` a record is not a persona (a
+    :class:`~spasm.errors.FormatError`)."""
     missing = [k for k in ("persona_id", "card") if not isinstance(row.get(k), str)]
     if missing:
         raise FormatError(f"a persona needs {' and '.join(missing)} (a string); this one has "
                           f"{', '.join(sorted(row)) or 'no fields'}")
-    return row
 
 
 def persona_row(record: Mapping[Any, Any]) -> dict[str, Any]:
@@ -126,7 +137,9 @@ def persona_row(record: Mapping[Any, Any]) -> dict[str, Any]:
     :class:`~spasm.errors.FormatError`), as a plain dict with string keys, every column as
     stored: what ``DialogueView.persona`` hands a user (the public reader has always given a
     dict)."""
-    return _checked(record)
+    row = {str(k): v for k, v in record.items()}
+    _check(row)
+    return row
 
 
 def persona_record(persona: Persona) -> dict[str, Any]:

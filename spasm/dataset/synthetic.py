@@ -11,30 +11,34 @@ conclusions about models.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from spasm.dataset.importer import FIELD_ALIASES, persona_columns
+from spasm.dataset.persona_rows import persona_record
 from spasm.dataset.rows import SCHEMA_VERSION, DialogueRow, TurnRow
 from spasm.dataset.store import write_finished_run
 from spasm.errors import FormatError
+from spasm.personas.persona import Persona
 
 __all__ = ["synthesize_run", "write_run"]
 
 _PERSONA_FIXED = ("persona_id", "card")
 
 
-def _persona_row(p: dict[str, Any], index: int, columns: list[str], integer: set[str]) -> dict[str, Any]:
+def _described(p: Mapping[str, Any], index: int, columns: list[str], integer: set[str]) -> Persona:
+    """The persona a :func:`write_run` persona dict describes (``persona_id``, ``card`` and
+    schema fields, release names mapped like an import's)."""
     names = {FIELD_ALIASES.get(k, k) for k in p}
     unknown = sorted(names - set(columns) - set(_PERSONA_FIXED))
     if unknown:
         raise FormatError(f"persona {p.get('persona_id')!r} has fields the personas table does not "
                           f"declare: {', '.join(unknown)} (known: {', '.join(columns)})")
     fields = {k: v for k, v in p.items() if k not in _PERSONA_FIXED}
-    return {"persona_id": str(p["persona_id"]), "persona_index": index, "seed": 0,
-            **persona_columns(fields, columns, integer), "card": str(p.get("card") or ""),
-            "card_source": "synthetic"}
+    return Persona(id=str(p["persona_id"]), index=index,
+                   fields=persona_columns(fields, columns, integer),
+                   card=str(p.get("card") or ""), card_source="synthetic")
 
 
 def write_run(
@@ -74,7 +78,7 @@ def write_run(
         turn_rows += [TurnRow(dialogue_id=row.dialogue_id, turn_index=t, text=text,
                               speaker="client" if t % 2 == 0 else "responder")
                       for t, text in enumerate(texts)]
-    persona_rows = [_persona_row(p, i, columns, integer) for i, p in enumerate(personas)]
+    persona_rows = [persona_record(_described(p, i, columns, integer)) for i, p in enumerate(personas)]
     manifest = {"kind": "synthetic", "schema_version": SCHEMA_VERSION,
                 "counts": {"personas": len(persona_rows), "dialogues": len(dialogue_rows),
                            "turns": len(turn_rows)}}

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from spasm.evaluation.llm import EvalBackend, EvalLLM
     from spasm.evaluation.loader import Conversation
     from spasm.evaluation.metrics import LanguageFlag
+    from spasm.personas.persona import Persona
 
 __all__ = ["RayEmbedder", "RayStages", "gather", "shards"]
 
@@ -200,7 +201,7 @@ def _realism_task(convs: list[Conversation]) -> pd.DataFrame:
 
 
 def _language_task(
-    convs: list[Conversation], personas: Mapping[str, Mapping[str, object]]
+    convs: list[Conversation], personas: Mapping[str, Persona]
 ) -> tuple[dict[str, dict[str, object]], list[LanguageFlag]]:
     from spasm.evaluation.language import language_rows
 
@@ -332,7 +333,7 @@ class RayStages:
         return frames[0] if len(frames) == 1 else pd.concat(frames)
 
     def language_rows(
-        self, convs: list[Conversation], personas: Mapping[str, Mapping[str, object]]
+        self, convs: list[Conversation], personas: Mapping[str, Persona]
     ) -> tuple[dict[str, dict[str, object]], list[LanguageFlag]]:
         """:func:`spasm.evaluation.language.language_rows` of ``convs``."""
         rows: dict[str, dict[str, object]] = {}

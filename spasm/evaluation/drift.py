@@ -36,6 +36,7 @@ from spasm.evaluation.llm import PROBE_ROLE, EvalSession
 from spasm.evaluation.loader import Conversation
 from spasm.evaluation.metrics import ConditionSummary, DriftPoint, PairedComparison
 from spasm.evaluation.stats import finite, mean_ci, paired_test
+from spasm.personas.persona import Persona
 from spasm.registry import condition_rank
 
 __all__ = [
@@ -114,9 +115,9 @@ def drift_from_anchor(anchor: npt.ArrayLike, vectors: npt.ArrayLike) -> npt.NDAr
     return np.asarray(np.clip(1.0 - cos, 0.0, 2.0), dtype=np.float64)
 
 
-def _field(persona: Mapping[str, object], *names: str) -> str | None:
+def _field(fields: Mapping[str, object], *names: str) -> str | None:
     for name in names:
-        value = persona.get(name)
+        value = fields.get(name)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue
         if isinstance(value, (list, tuple, np.ndarray)):
@@ -128,35 +129,38 @@ def _field(persona: Mapping[str, object], *names: str) -> str | None:
     return None
 
 
-def persona_anchor_texts(persona: Mapping[str, object]) -> dict[str, str | None]:
-    """The cheap-mode A0 text per persona dimension (``None`` when the field is absent)."""
-    emotion = _field(persona, "emotion")
-    intensity = _field(persona, "intensity", "emotion_intensity")
+def persona_anchor_texts(fields: Mapping[str, object]) -> dict[str, str | None]:
+    """The cheap-mode A0 text per persona dimension, from a persona's schema fields
+    (:attr:`Persona.fields <spasm.personas.persona.Persona.fields>`; ``None`` when the field
+    is absent)."""
+    emotion = _field(fields, "emotion")
+    intensity = _field(fields, "intensity", "emotion_intensity")
     if emotion is not None:
         emotion_text: str | None = f"I feel {emotion}" + (f" ({intensity})." if intensity else ".")
     else:
         emotion_text = None
     return {
-        "concerns": _field(persona, "concern", "concerns"),
+        "concerns": _field(fields, "concern", "concerns"),
         "emotion": emotion_text,
-        "motivation": _field(persona, "motivation", "motivations", "goal"),
+        "motivation": _field(fields, "motivation", "motivations", "goal"),
     }
 
 
 def cheap_drift(
     conversations: Sequence[Conversation],
     client_vectors: Mapping[str, FloatArray],
-    personas: Mapping[str, Mapping[str, object]],
+    personas: Mapping[str, Persona],
     embed: Embed,
 ) -> DriftSeries:
     """Cheap-mode drift for every conversation.
 
     Args:
         client_vectors: dialogue_id -> embeddings of the Client's utterances, in order.
-        personas: persona_id -> persona fields.
+        personas: persona_id -> its persona.
         embed: embeds the persona anchor texts (a few per persona).
     """
-    anchors: dict[str, dict[str, str | None]] = {pid: persona_anchor_texts(p) for pid, p in personas.items()}
+    anchors: dict[str, dict[str, str | None]] = {
+        pid: persona_anchor_texts(p.fields) for pid, p in personas.items()}
     texts = sorted({t for a in anchors.values() for t in a.values() if t is not None})
     vecs = embed(texts) if texts else np.zeros((0, 0), dtype=np.float32)
     anchor_vec = {t: vecs[i] for i, t in enumerate(texts)}

@@ -41,6 +41,7 @@ from spasm.evaluation.metrics import (
 )
 from spasm.evaluation.owncontent import own_column
 from spasm.evaluation.stats import finite, mean_ci, wilson_interval
+from spasm.personas.persona import Persona
 from spasm.registry import condition_rank
 
 __all__ = [
@@ -241,7 +242,7 @@ def _aggregate(dialogues: pd.DataFrame, people: pd.DataFrame, examples: list[Gro
 def group_stage(
     run_dir: str | Path | Run,
     conversations: Sequence[Conversation],
-    personas: Mapping[str, Mapping[str, object]],
+    personas: Mapping[str, Persona],
     embed: Embed,
     own: Mapping[str, Sequence[str | None]] | None = None,
 ) -> GroupResult | None:

@@ -49,6 +49,7 @@ from spasm.evaluation.echoing import (
 )
 from spasm.evaluation.embeddings import FloatArray
 from spasm.evaluation.loader import Conversation, GroupDialogue
+from spasm.personas.persona import Persona
 
 __all__ = [
     "ECHO_THRESHOLD",
@@ -273,7 +274,7 @@ def longest_alternation(speakers: Sequence[str]) -> Loop:
 
 def seat_drift(
     dialogues: Sequence[GroupDialogue],
-    personas: Mapping[str, Mapping[str, object]],
+    personas: Mapping[str, Persona],
     embed: Embed,
     own: Mapping[str, Sequence[str | None]] | None = None,
 ) -> dict[tuple[str, str], dict[str, float]]:

@@ -37,7 +37,7 @@ from spasm.language import (
     expected_language,
     is_off_language,
 )
-from spasm.personas.schema import LANGUAGE_FIELD
+from spasm.personas.persona import Persona
 
 __all__ = [
     "DEFAULT_LANGUAGE",
@@ -60,13 +60,13 @@ class _Side:
     flagged: int = 0
 
 
-def _language(persona: Mapping[str, object] | None) -> object:
-    """A persona row's language field (``None``: no row, or no such field)."""
-    return persona.get(LANGUAGE_FIELD) if persona else None
+def _language(persona: Persona | None) -> str | None:
+    """A persona's language field (``None``: no such persona, or no such field)."""
+    return persona.language if persona else None
 
 
 def language_scan(
-    conversations: Sequence[Conversation], personas: Mapping[str, Mapping[str, object]]
+    conversations: Sequence[Conversation], personas: Mapping[str, Persona]
 ) -> tuple[LanguageMetrics, dict[str, dict[str, object]]]:
     """Flag off-language utterances; the metrics and each dialogue's columns."""
     per_dialogue, flags = language_rows(conversations, personas)
@@ -74,7 +74,7 @@ def language_scan(
 
 
 def language_rows(
-    conversations: Sequence[Conversation], personas: Mapping[str, Mapping[str, object]]
+    conversations: Sequence[Conversation], personas: Mapping[str, Persona]
 ) -> tuple[dict[str, dict[str, object]], list[LanguageFlag]]:
     """Each dialogue's columns and its flagged utterances, in dialogue order: the part of
     :func:`language_scan` that reads the texts (``spasm eval --ray`` runs it per shard of the

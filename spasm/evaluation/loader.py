@@ -21,8 +21,10 @@ from typing import Any
 
 import pandas as pd
 
+from spasm.dataset.persona_rows import persona_of
 from spasm.dataset.reader import Run, open_run
-from spasm.errors import UserError
+from spasm.errors import FormatError, UserError
+from spasm.personas.persona import Persona
 from spasm.registry import condition_rank
 
 __all__ = [
@@ -119,11 +121,10 @@ class RunData:
     turns: pd.DataFrame
     n_dialogues_total: int
     conversations: list[Conversation] = field(default_factory=list)
-
-    def persona_rows(self) -> dict[str, dict[str, object]]:
-        """Persona fields by persona id."""
-        records = self.personas.drop_duplicates("persona_id").to_dict("records")
-        return {str(r["persona_id"]): {str(k): v for k, v in r.items()} for r in records}
+    #: Each persona by its id (the first row of an id that repeats), read by
+    #: :func:`~spasm.dataset.persona_rows.persona_of`; a persona whose table has no card (one
+    #: another tool wrote, which may hold only ``persona_id``) has the card ``""``.
+    by_id: dict[str, Persona] = field(default_factory=dict)
 
 
 def clean_cell(value: object) -> str | None:
@@ -209,6 +210,19 @@ def _read_table(run: Run, name: str) -> pd.DataFrame:
     return run.df(name)
 
 
+def _personas_by_id(path: Path, personas: pd.DataFrame) -> dict[str, Persona]:
+    """Each persona of the table (its ``persona_id`` as text) by id, the first row of an id
+    that repeats; a row without ``persona_index`` stands at its place among them."""
+    out: dict[str, Persona] = {}
+    for place, record in enumerate(personas.drop_duplicates("persona_id").to_dict("records")):
+        try:
+            persona = persona_of(record, place=place, card="")
+        except FormatError as exc:
+            raise UserError(f"{path}: {exc}; fix the table or leave the column out.") from None
+        out[persona.id] = persona
+    return out
+
+
 def load_reference(path: str | Path) -> list[RunData]:
     """A reference's runs: ``path`` itself when it is a run, else the runs in its folders one
     or two levels down (``runs/`` of several ``spasm play --out`` sessions, or a viewer's
@@ -276,7 +290,8 @@ def load_run(run_dir: str | Path) -> RunData:
     turns = turns[turns["dialogue_id"].isin(set(dialogues["dialogue_id"]))]
     turns = turns.sort_values(["dialogue_id", "turn_index"], kind="stable").reset_index(drop=True)
 
-    data = RunData(run_dir, personas, dialogues, turns, n_total)
+    data = RunData(run_dir, personas, dialogues, turns, n_total,
+                   by_id=_personas_by_id(run.dir / "personas.parquet", personas))
     by_dialogue = {str(k): g for k, g in turns.groupby("dialogue_id", sort=False)}
     seats = _seats(run, set(dialogues["dialogue_id"]))
     conversations: list[Conversation] = []

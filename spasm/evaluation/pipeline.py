@@ -107,6 +107,7 @@ from spasm.evaluation.summary import (
     group_key,
     kappa,
 )
+from spasm.personas.persona import Persona
 
 if TYPE_CHECKING:
     from spasm.evaluation.distributed import RayStages
@@ -371,7 +372,7 @@ class EvalState:
     fields: dict[str, Any] = field(default_factory=dict)
     columns: pd.DataFrame | None = None
     # Set by the stages, in order (reading one before its stage ran is an AttributeError).
-    personas: dict[str, dict[str, object]] = field(init=False)
+    personas: dict[str, Persona] = field(init=False)
     vectors: _Vectors = field(init=False)
     means: dict[str, dict[str, float]] = field(init=False)
     series: DriftSeries = field(init=False)
@@ -418,7 +419,7 @@ def _embed_stage(s: EvalState) -> bool:
 
 
 def _drift_stage(s: EvalState) -> bool:
-    s.personas = s.data.persona_rows()
+    s.personas = s.data.by_id
     two_party = s.two_party
     drift, s.means, s.series = _drift(two_party, s.vectors, s.personas, s.embed, s.mode, s.llm,
                                       s.concurrency, s.show)
@@ -501,7 +502,7 @@ def _payload_leak_stage(s: EvalState) -> bool:
 def _consistency_stage(s: EvalState) -> bool:
     if not s.consistency or s.llm is None:
         return False
-    cards = {pid: str(p.get("card") or "") for pid, p in s.personas.items()}
+    cards = {pid: p.card for pid, p in s.personas.items()}
     s.fields["consistency"], scores, s.consistency_by_judge = consistency_stage(
         s.llm, s.convs, cards, concurrency=s.concurrency, show=s.show, qa=_persona_probes(s.data),
         own=own_conversations(s.own, s.convs) if s.own_consistency else None,
@@ -655,7 +656,7 @@ def _embed_utterances(convs: list[Conversation], embed: Embed) -> _Vectors:
 def _drift(
     convs: list[Conversation],
     vectors: _Vectors,
-    personas: dict[str, dict[str, object]],
+    personas: Mapping[str, Persona],
     embed: Embed,
     mode: Literal["cheap", "probe"],
     llm: EvalLLM | None,
@@ -720,7 +721,7 @@ def _drift(
 def _own_drift(
     convs: list[Conversation],
     client_own: dict[str, FloatArray],
-    personas: dict[str, dict[str, object]],
+    personas: Mapping[str, Persona],
     embed: Embed,
     mode: Literal["cheap", "probe"],
     raw: DriftMetrics,
@@ -753,8 +754,8 @@ def _own_drift(
 def _own_columns(
     convs: list[Conversation],
     own_means: Mapping[str, Mapping[str, float]],
-    persona: Mapping[str, Mapping[str, float]],
-    persona_own: Mapping[str, Mapping[str, float]],
+    separability: Mapping[str, Mapping[str, float]],
+    separability_own: Mapping[str, Mapping[str, float]],
 ) -> pd.DataFrame:
     """``drift_<dimension>_own`` per dialogue (NaN for a group dialogue: its seats have
     ``group_drift_<dimension>_own``), and the per-dialogue separability columns raw and on own
@@ -765,8 +766,8 @@ def _own_columns(
     for c in convs:
         row = {own_column(drift_column(d)): own_means.get(c.dialogue_id, {}).get(d, math.nan)
                for d in DRIFT_DIMENSIONS}
-        row.update(persona.get(c.dialogue_id, {}))
-        row.update(persona_own.get(c.dialogue_id, {}))
+        row.update(separability.get(c.dialogue_id, {}))
+        row.update(separability_own.get(c.dialogue_id, {}))
         rows[c.dialogue_id] = row
     return pd.DataFrame.from_dict(rows, orient="index", columns=columns, dtype=float)
 
@@ -833,7 +834,7 @@ def _realism(
 
 def _separability(
     data: RunData,
-    personas: Mapping[str, Mapping[str, object]],
+    personas: Mapping[str, Persona],
     vectors: _Vectors,
     embed: Embed,
     retrieval: Retrieval,
@@ -912,7 +913,7 @@ def comparison_for(eval_dir: str | Path, metrics: Metrics, *, baseline: str | No
 
 def _card_vectors(
     data: RunData,
-    personas: Mapping[str, Mapping[str, object]],
+    personas: Mapping[str, Persona],
     embed: Any,
     retrieval: Retrieval,
 ) -> tuple[dict[str, FloatArray] | None, str | None]:
@@ -920,9 +921,8 @@ def _card_vectors(
         return None, None
     cards: dict[str, str] = {}
     for pid, p in personas.items():
-        card = p.get("card")
-        if isinstance(card, str) and card.strip():
-            cards[pid] = card
+        if p.card.strip():
+            cards[pid] = p.card
     used = {c.persona_id for c in data.conversations}
     if not used or not used <= set(cards):
         return None, (

@@ -66,11 +66,11 @@ def _texts(data: Any, mode: str, retrieval: str, rule: OwnRule) -> tuple[dict[st
     """Every text the embedding stages embed, by source (the same helpers the stages call)."""
     convs = data.conversations
     notes: list[str] = []
-    personas = data.persona_rows()
+    personas = data.by_id
     sources: dict[str, list[str]] = {"utterances": [t for c in convs for t in c.texts]}
     if mode == "cheap":
         sources["persona anchors"] = [t for p in personas.values()
-                                      for t in persona_anchor_texts(p).values() if t is not None]
+                                      for t in persona_anchor_texts(p.fields).values() if t is not None]
     else:
         notes.append("Probe mode: the probe's stated stances are embedded too (up to one per client "
                      "turn and persona dimension); they are not known before the LLM answers, so "
@@ -86,9 +86,8 @@ def _texts(data: Any, mode: str, retrieval: str, rule: OwnRule) -> tuple[dict[st
     sources["own content"] = changed
     if retrieval == "card":
         used = {c.persona_id for c in convs}
-        sources["persona cards"] = [str(p["card"]) for pid, p in personas.items()
-                                    if pid in used and isinstance(p.get("card"), str)
-                                    and str(p["card"]).strip()]
+        sources["persona cards"] = [p.card for pid, p in personas.items()
+                                    if pid in used and p.card.strip()]
     return sources, notes
 
 

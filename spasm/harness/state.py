@@ -251,24 +251,24 @@ _INTENSITY = {"mild": 62, "moderate": 74, "severe": 86}
 def initial_client_state(client: Persona) -> AgentState:
     """The Client's state before the first message, from its persona's schema fields (each is
     read when present)."""
-    persona = client.fields
-    level = _INTENSITY.get(str(persona.get("intensity")), 74)
-    emotions = {e: level for e in _EMOTION_MAP.get(str(persona.get("emotion")), ())}
-    if persona.get("emotion") == "skeptical":
+    fields = client.fields
+    level = _INTENSITY.get(str(fields.get("intensity")), 74)
+    emotions = {e: level for e in _EMOTION_MAP.get(str(fields.get("emotion")), ())}
+    if fields.get("emotion") == "skeptical":
         emotions["trust"] = 100 - level
     relation = {
         "friendliness": {"resistant": 40, "neutral": 50, "cooperative": 60}.get(
-            str(persona.get("cooperativeness")), 50
+            str(fields.get("cooperativeness")), 50
         ),
         "dominance": {"indirect": 40, "balanced": 50, "direct": 62}.get(
-            str(persona.get("directness")), 50
+            str(fields.get("directness")), 50
         ),
     }
     goals = []
-    if persona.get("concern"):
-        goals.append(Goal(description=f"Resolve: {persona['concern']}", priority=90))
-    if persona.get("motivation"):
-        goals.append(Goal(description=str(persona["motivation"]).capitalize(), priority=70))
+    if fields.get("concern"):
+        goals.append(Goal(description=f"Resolve: {fields['concern']}", priority=90))
+    if fields.get("motivation"):
+        goals.append(Goal(description=str(fields["motivation"]).capitalize(), priority=70))
     return AgentState(
         goals=goals, emotions=Emotions(**emotions), relation=Relation(**relation),
         strategy="Explain your concern and see how they respond.",
