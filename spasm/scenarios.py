@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from spasm.config import RunConfig, read_user_text
 from spasm.errors import ConfigError
+from spasm.jsontext import JSONProblem, read_json
 from spasm.personas.persona import Persona
 
 __all__ = [
@@ -195,14 +196,13 @@ def _jsonl_records(text: str, source: str) -> list[tuple[int | None, Any]]:
         if not line.strip():
             continue
         try:
-            out.append((number, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{source}, line {number}, column {exc.colno}: not valid JSON "
-                              f"({exc.msg}).") from None
-        except (ValueError, RecursionError):  # Python's own limits: 4,300 digits, ~1,000 levels
-            raise ConfigError(f"{source}, line {number}: cannot be read: it holds a number with "
-                              "thousands of digits or nesting too deep; write such a value as a "
-                              "string, or flatten it.") from None
+            out.append((number, read_json(line)))
+        except JSONProblem as problem:
+            if problem.kind == "syntax":
+                raise ConfigError(f"{source}, line {number}, column {problem.column}: "
+                                  f"{problem.reason}.") from None
+            raise ConfigError(f"{source}, line {number}: {problem.reason}; write such a value "
+                              "as a string, or flatten it.") from None
     return out
 
 

@@ -43,6 +43,7 @@ from spasm.dataset.persona_rows import persona_of, persona_record
 from spasm.dataset.rows import SCHEMA_VERSION, DialogueRow, TurnRow
 from spasm.dataset.store import write_finished_run
 from spasm.errors import UserError
+from spasm.jsontext import JSONProblem, read_json_object
 from spasm.personas.persona import Persona
 from spasm.registry import PROJECTIONS, ordered_conditions
 
@@ -110,16 +111,11 @@ def _json_object(text: str, path: Path, line_no: int, *, document: bool = False)
     object, or a :class:`UserError` naming where it is not one (a syntax error of a whole
     document at its own line)."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        where = exc.lineno if document else line_no
-        raise UserError(f"{path}:{where} is not valid JSON ({exc.msg}).") from None
-    except (ValueError, RecursionError):  # a number of thousands of digits, deep nesting
-        raise UserError(f"{path}:{line_no} cannot be read: it holds a number with "
-                        "thousands of digits or nesting too deep.") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{path}:{line_no} is not a JSON object.")
-    return value
+        return read_json_object(text)
+    except JSONProblem as problem:
+        where = problem.line if document and problem.kind == "syntax" else line_no
+        raise UserError(f"{path}:{where} {'' if problem.kind == 'limits' else 'is '}"
+                        f"{problem.reason}.") from None
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from spasm.errors import UserError
+from spasm.jsontext import JSONProblem, read_json_object
 from spasm.personas.crafter import render_persona_card
 from spasm.personas.schema import PersonaSchema
 
@@ -280,15 +281,14 @@ def _jsonl_rows(p: Path) -> tuple[list[str], Iterator[tuple[str, dict[str, Any]]
             continue
         where = f"{p}:{line_no}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg}, character {exc.colno}).") from None
-        except (ValueError, RecursionError):
-            raise UserError(f"{where}: cannot be read: it holds a number with thousands of "
-                            "digits or nesting too deep.") from None
-        if not isinstance(record, dict):
-            raise UserError(f"{where}: not a JSON object; each line is one persona, e.g. "
-                            '{"id": "a1", "description": "A retired nurse ..."}.')
+            record = read_json_object(line)
+        except JSONProblem as problem:
+            if problem.kind == "syntax":
+                raise UserError(f"{where}: not valid JSON ({problem.msg}, character "
+                                f"{problem.column}).") from None
+            hint = ('; each line is one persona, e.g. {"id": "a1", "description": "A retired '
+                    'nurse ..."}') if problem.kind == "not_object" else ""
+            raise UserError(f"{where}: {problem.reason}{hint}.") from None
         for key in record:
             other = columns.setdefault(_key(key), key)
             if other != key:
