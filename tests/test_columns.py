@@ -36,9 +36,11 @@ from spasm.dataset.columns import (
     load_verdict,
 )
 from spasm.dataset.persona_rows import (
+    ID_CARD_COLUMNS,
     PERSONA_HEAD,
     PERSONA_TAIL,
     SOURCE_COLUMN,
+    cards_of,
     persona_of,
     persona_record,
     persona_row,
@@ -334,6 +336,14 @@ def test_a_record_becomes_a_persona_only_with_an_id_a_card_and_an_index() -> Non
         persona_row({"persona_id": "p0"})
     with pytest.raises(dataclasses.FrozenInstanceError):
         persona.card = "x"  # type: ignore[misc]
+
+
+def test_the_cards_are_read_column_wise_by_id() -> None:
+    table = pa.table({"persona_id": ["p0", "p1"], "persona_index": [0, 1],
+                      "card": ["You are Ana.", None], "concern": ["rent", "bills"]})
+    assert ID_CARD_COLUMNS == ("persona_id", "card")
+    assert cards_of(table) == {"p0": "You are Ana.", "p1": None}
+    assert cards_of(table.select(list(ID_CARD_COLUMNS))) == cards_of(table)
 
 
 def test_a_persona_round_trips_through_the_personas_table(tmp_path: Path) -> None:

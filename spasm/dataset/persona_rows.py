@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, ClassVar
 
+import pyarrow as pa
 from pydantic import create_model
 
 from spasm.dataset.rows import I64, INT32, INT64, STRING, OptStr, Row, Str
@@ -25,9 +26,11 @@ from spasm.errors import FormatError
 from spasm.personas.persona import Persona
 
 __all__ = [
+    "ID_CARD_COLUMNS",
     "PERSONA_HEAD",
     "PERSONA_TAIL",
     "SOURCE_COLUMN",
+    "cards_of",
     "persona_of",
     "persona_record",
     "persona_row",
@@ -82,6 +85,9 @@ _COLUMN_OF: dict[str, str] = {
     a.name: a.metadata["column"] for a in dataclasses.fields(Persona) if a.metadata["column"]
 }
 _ATTR_OF: dict[str, str] = {column: attr for attr, column in _COLUMN_OF.items()}
+#: The columns of a persona's id and its card: all that a reader of cards alone (the export's
+#: persona prompts, the play page's list of personas) reads of the personas table.
+ID_CARD_COLUMNS: tuple[str, str] = (_COLUMN_OF["id"], _COLUMN_OF["card"])
 #: The columns a persona's record holds only when they are set: a persona the stage builds
 #: without a policy (or not from a data file) never had them, and a shard's manifest hashes
 #: those records (``runplan.personas_digest``), so the digest stays the one they always gave.
@@ -140,6 +146,13 @@ def persona_row(record: Mapping[Any, Any]) -> dict[str, Any]:
     row = {str(k): v for k, v in record.items()}
     _check(row)
     return row
+
+
+def cards_of(table: pa.Table) -> dict[Any, Any]:
+    """Each persona's card by its id, both as stored, from a personas table that has
+    :data:`ID_CARD_COLUMNS` (read column-wise: an export reads no other column)."""
+    ids, cards = (table.column(c).to_pylist() for c in ID_CARD_COLUMNS)
+    return dict(zip(ids, cards, strict=True))
 
 
 def persona_record(persona: Persona) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from spasm.dataset.files import atomic_write, atomic_write_json, atomic_write_ta
 from spasm.dataset.integrity import file_sha256
 from spasm.dataset.lock import RunLock
 from spasm.dataset.outputs import aside_path, check_output, finish_replacement, mark_output
+from spasm.dataset.persona_rows import ID_CARD_COLUMNS, cards_of
 from spasm.dataset.reader import events_by_dialogue, participant_viewer
 from spasm.errors import RunError, UserError
 from spasm.export.card import CARD_COLUMNS, CardStats, GroupStats, MaskStats, SplitCount, card_stats
@@ -241,9 +242,9 @@ def _speakers(index: pa.Table, seats: dict[str, list[dict[str, Any]]]) -> dict[s
 def _cards(run: Run, persona_ids: set[str]) -> dict[str, str]:
     if not run.has("personas"):
         return {}
-    t = run.table("personas", ["persona_id", "card"])
-    t = t.filter(pc.is_in(t.column("persona_id"), value_set=pa.array(sorted(persona_ids), pa.string())))
-    return dict(zip(t.column("persona_id").to_pylist(), t.column("card").to_pylist(), strict=True))
+    t = run.table("personas", list(ID_CARD_COLUMNS))
+    t = t.filter(pc.is_in(t.column(ID_CARD_COLUMNS[0]), value_set=pa.array(sorted(persona_ids), pa.string())))
+    return cards_of(t)
 
 
 class _Builder:

@@ -44,6 +44,7 @@ from spasm.backends.base import ChatRequest, Message
 from spasm.backends.human import PersonReply
 from spasm.config import RunConfig, parse_config
 from spasm.dataset.files import atomic_write_json
+from spasm.dataset.persona_rows import ID_CARD_COLUMNS, cards_of
 from spasm.errors import ParticipantLeft, SpasmError, UserError
 from spasm.scenarios import run_scenarios
 from spasm.viewer.state import NotFound, ViewerState, json_response, valid_id
@@ -391,10 +392,8 @@ def _persona_choices(viewer: ViewerState) -> list[dict[str, str]]:
     run = viewer.index.snapshot().run
     if not run.has("personas"):
         return []
-    table = run.table("personas", ["persona_id", "card"])
-    return [{"id": str(p), "card": str(c)[:160]}
-            for p, c in zip(table.column("persona_id").to_pylist(), table.column("card").to_pylist(),
-                            strict=True)]
+    cards = cards_of(run.table("personas", list(ID_CARD_COLUMNS)))
+    return [{"id": str(p), "card": str(c)[:160]} for p, c in cards.items()]
 
 
 def add_play_routes(app: FastAPI, viewer: ViewerState) -> None:
