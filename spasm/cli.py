@@ -88,12 +88,9 @@ def _add_personas(sub: Any) -> None:
 
 
 def _spasm_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from spasm.plugins import installed_version
 
-    try:
-        return version("spasm")
-    except PackageNotFoundError:
-        return "(not installed)"
+    return installed_version("spasm") or "(not installed)"
 
 
 def _add_status(sub: Any) -> None:

@@ -32,6 +32,7 @@ it is loaded).
 
 from __future__ import annotations
 
+import functools
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -41,8 +42,8 @@ from typing import Any
 
 from spasm.errors import UserError
 
-__all__ = ["GROUP", "PluginError", "load_plugins", "loaded_plugins", "loading_plugin",
-           "plugin_records"]
+__all__ = ["GROUP", "PluginError", "installed_version", "load_plugins", "loaded_plugins",
+           "loading_plugin", "plugin_records"]
 
 #: The entry-point group spasm reads plugins from.
 GROUP = "spasm.plugins"
@@ -120,6 +121,17 @@ def _load_one(ep: metadata.EntryPoint, plugin: Plugin) -> None:
                           ) from exc
     finally:
         _current = None
+
+
+@functools.cache
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (``None`` when it is not installed): what the
+    manifest and ``spasm --version`` name. Looked up once per process, since each look-up scans
+    every path entry's distributions (milliseconds, paid by every run's manifest otherwise)."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _plugin(ep: metadata.EntryPoint) -> Plugin:

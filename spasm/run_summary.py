@@ -14,12 +14,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spasm.dataset.rows import SCHEMA_VERSION
-from spasm.plugins import plugin_records
+from spasm.plugins import installed_version, plugin_records
 from spasm.tokens import counter_source
 from spasm.turn_order import is_moderator_fallback
 
@@ -190,13 +189,6 @@ class RunSummary:
         return "; ".join(parts)
 
 
-def _version(pkg: str) -> str:
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return "not installed"
-
-
 class ProgressLines:
     """Periodic one-line progress reports for runs whose output is not a terminal."""
 
@@ -267,7 +259,7 @@ def manifest_record(
 ) -> dict[str, Any]:
     """What manifest.json says of a run (or one pass of it)."""
     return {
-        "spasm_version": _version("spasm"),
+        "spasm_version": installed_version("spasm") or "not installed",
         "schema_version": SCHEMA_VERSION,
         "status": status,
         "name": config.name,
@@ -306,7 +298,8 @@ def manifest_record(
         "failed": summary.failed,
         "versions": {
             "python": platform.python_version(),
-            **{p: _version(p) for p in ("openai", "pyarrow", "pydantic", "llama-cpp-python")},
+            **{p: installed_version(p) or "not installed"
+               for p in ("openai", "pyarrow", "pydantic", "llama-cpp-python")},
         },
         "token_counter": counter_source(),
         # Every plugin this process loaded (what it registered may have made the rows).

@@ -14,8 +14,11 @@ A pinned mode the server rejects raises :class:`~spasm.errors.StructuredOutputRe
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import logging
+import ssl
 import time
 from typing import Any
 
@@ -193,6 +196,27 @@ class _Rejected(Exception):
         self.error = error
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext | None:
+    """The TLS context every OpenAI client of this process shares: the one the SDK's HTTP
+    library builds by default (its CA store, ``SSL_CERT_FILE`` honoured), built once. Building
+    it reads the whole CA bundle (~40 ms), which each client would otherwise pay again (every
+    backend of every run, every embedder). ``None`` when the library has no public builder:
+    then each client builds its own, as the SDK does."""
+    base = next((c for c in openai.DefaultAsyncHttpxClient.__mro__ if c.__name__ == "AsyncClient"),
+                None)
+    library = importlib.import_module(base.__module__.split(".")[0]) if base is not None else None
+    build = getattr(library, "create_ssl_context", None)
+    return build() if callable(build) else None
+
+
+def _http_client() -> openai.DefaultAsyncHttpxClient | None:
+    """An HTTP client with the SDK's defaults (timeouts, connection limits, redirects) and the
+    shared TLS context; ``None`` lets the SDK build its own."""
+    tls = _tls_context()
+    return None if tls is None else openai.DefaultAsyncHttpxClient(verify=tls)
+
+
 @register_backend("openai")
 class OpenAIBackend(Backend):
     """A backend that speaks the OpenAI chat-completions protocol over HTTP."""
@@ -207,6 +231,7 @@ class OpenAIBackend(Backend):
             api_key=resolve_api_key(cfg.api_key_env, name),
             max_retries=0,
             timeout=cfg.timeout_s,
+            http_client=_http_client(),
         )
         self._ladder = ladder(cfg.structured_output)
         self._rung = 0
