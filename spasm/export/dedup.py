@@ -16,6 +16,7 @@ first of a group is kept and the result does not depend on the order dialogues a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -95,6 +96,16 @@ MAX_BUCKET = 256
 _CHUNK = 4096
 
 
+@functools.cache
+def _banding(threshold: float) -> tuple[int, int]:
+    """``datasketch.MinHashLSH``'s optimal banding for ``threshold`` (``b`` bands of ``r`` rows):
+    found by numerical integration over every split of ``NUM_PERM`` (~40 ms), so once per
+    threshold and process."""
+    ds = importlib.import_module("datasketch")  # untyped: Any
+    lsh = ds.MinHashLSH(threshold=threshold, num_perm=NUM_PERM)
+    return int(lsh.b), int(lsh.r)
+
+
 @dataclass
 class DuplicateIndex:
     """Feed dialogues with :meth:`add`; :meth:`findings` at the end.
@@ -121,8 +132,7 @@ class DuplicateIndex:
         if self.near:
             ds = importlib.import_module("datasketch")  # untyped: Any
             self._minhash = ds.MinHash(num_perm=NUM_PERM, seed=1, scheme="affine32", hashfunc=_identity)
-            lsh = ds.MinHashLSH(threshold=self.threshold, num_perm=NUM_PERM)  # its optimal banding
-            self._bands, self._rows = int(lsh.b), int(lsh.r)
+            self._bands, self._rows = _banding(self.threshold)
 
     def add(self, dialogue_id: str, turns: Sequence[Turn]) -> None:
         """Index one dialogue."""

@@ -7,6 +7,7 @@ docs/evaluation.md for why). The static embedder distils the same files.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,55 @@ def _default_tokenizer_path() -> Path:
     return path
 
 
+@functools.cache
+def _loaded(model_path: Path, tokenizer_path: Path, threads: int, device: str
+            ) -> tuple[Any, Any, tuple[str, ...]]:
+    """The onnxruntime session, the tokenizer and the model's input names for these files and
+    settings: built once per process (a session takes ~0.2 s to build and is safe to run from
+    several threads), so every evaluation of a process, and each embedder made for it, shares
+    them."""
+    try:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise UserError(
+            "The local embedder needs onnxruntime and tokenizers: "
+            "`pip install onnxruntime tokenizers` (or `pip install 'spasm[eval]'`)."
+        ) from exc
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    # The shipped tokenizer pads every text to 128 tokens; padding to the longest text
+    # of the batch instead is about ten times faster on conversational text.
+    tokenizer.enable_padding()
+    tokenizer.enable_truncation(256)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # No busy-waiting between ops: on a shared 2-core machine spinning threads burn the
+    # CPU the other process needs (measured: ~30% more sentences per CPU-second).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    providers = ["CPUExecutionProvider"]
+    if device == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise UserError(
+                "--device cuda needs onnxruntime's CUDA provider, which this onnxruntime "
+                f"lacks (it has: {', '.join(ort.get_available_providers())}). Install the "
+                "'gpu' extra instead of plain onnxruntime: `pip uninstall onnxruntime && "
+                "pip install 'spasm[gpu]'`, or evaluate with --device cpu."
+            )
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+    if device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        # onnxruntime falls back to the CPU when the provider cannot start (no GPU, no
+        # CUDA libraries): said, not silent.
+        raise UserError(
+            "--device cuda: onnxruntime's CUDA provider is installed but could not start "
+            "(no GPU visible, or the CUDA/cuDNN libraries it needs are missing; see "
+            "onnxruntime-gpu's requirements). Evaluate with --device cpu."
+        )
+    return session, tokenizer, tuple(i.name for i in session.get_inputs())
+
+
 class LocalOnnxEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime: offline, no PyTorch.
 
@@ -104,48 +154,8 @@ class LocalOnnxEmbedder:
         self._input_names: tuple[str, ...] = ()
 
     def _load(self) -> None:
-        try:
-            import onnxruntime as ort
-            from tokenizers import Tokenizer
-        except ImportError as exc:
-            raise UserError(
-                "The local embedder needs onnxruntime and tokenizers: "
-                "`pip install onnxruntime tokenizers` (or `pip install 'spasm[eval]'`)."
-            ) from exc
-        tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
-        # The shipped tokenizer pads every text to 128 tokens; padding to the longest text
-        # of the batch instead is about ten times faster on conversational text.
-        tokenizer.enable_padding()
-        tokenizer.enable_truncation(256)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        # No busy-waiting between ops: on a shared 2-core machine spinning threads burn the
-        # CPU the other process needs (measured: ~30% more sentences per CPU-second).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        providers = ["CPUExecutionProvider"]
-        if self.device == "cuda":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise UserError(
-                    "--device cuda needs onnxruntime's CUDA provider, which this onnxruntime "
-                    f"lacks (it has: {', '.join(ort.get_available_providers())}). Install the "
-                    "'gpu' extra instead of plain onnxruntime: `pip uninstall onnxruntime && "
-                    "pip install 'spasm[gpu]'`, or evaluate with --device cpu."
-                )
-            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        session = ort.InferenceSession(str(self.model_path), sess_options=options, providers=providers)
-        if self.device == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
-            # onnxruntime falls back to the CPU when the provider cannot start (no GPU, no
-            # CUDA libraries): said, not silent.
-            raise UserError(
-                "--device cuda: onnxruntime's CUDA provider is installed but could not start "
-                "(no GPU visible, or the CUDA/cuDNN libraries it needs are missing; see "
-                "onnxruntime-gpu's requirements). Evaluate with --device cpu."
-            )
-        self._input_names = tuple(i.name for i in session.get_inputs())
-        self._tokenizer = tokenizer
-        self._session = session
+        self._session, self._tokenizer, self._input_names = _loaded(
+            self.model_path, self.tokenizer_path, self.threads, self.device)
 
     def _forward(self, texts: list[str]) -> FloatArray:
         encodings = self._tokenizer.encode_batch(texts)
