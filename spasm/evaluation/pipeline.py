@@ -607,7 +607,7 @@ def _evaluate(
             timings[stage.name] = time.perf_counter() - t0
 
     counts = Counts(
-        personas=int(data.personas["persona_id"].nunique()),
+        personas=len(data.by_id),
         dialogues_total=data.n_dialogues_total,
         dialogues_ok=len(convs),
         utterances=state.vectors.n_texts,
