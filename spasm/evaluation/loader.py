@@ -2,7 +2,8 @@
 
 Only dialogues with ``status == "ok"`` are evaluated; extra columns are ignored, missing
 optional ones are filled, and a missing required table or column is a :class:`UserError`
-that says what to do.
+that says what to do. Each personas row is read as a
+:class:`~spasm.personas.persona.Persona` (:attr:`RunData.by_id`).
 
 A group dialogue (a dialogue with rows in a group run's ``participants`` table) keeps its
 speakers as participant ids and also carries each utterance's side (``turns.role``, else its

@@ -1,10 +1,11 @@
 """A persona as code passes it: who a Client is, one row of the personas table.
 
-A :class:`Persona` is made and written only by :mod:`spasm.dataset.rows` (``persona_of`` from
-a table record, ``persona_record`` back to one) and by the persona stage, which builds each
-accepted persona. Its attributes are the personas table's fixed columns (each names its column
-in its metadata; the table's Arrow schema derives from them), and ``fields`` holds the schema's
-own fields (``first_name``, ``concern``, ``emotion``, …), which differ from schema to schema.
+A :class:`Persona` is read from a table record and written back to one only by
+:mod:`spasm.dataset.persona_rows` (``persona_of``, ``persona_record``); the persona stage, the
+importer and synthetic runs build theirs and write them through ``persona_record``. Its
+attributes are the personas table's fixed columns (each names its column in its metadata; the
+table's Arrow schema derives from them), and ``fields`` holds the schema's own fields
+(``first_name``, ``concern``, ``emotion``, …), which differ from schema to schema.
 """
 
 from __future__ import annotations
