@@ -939,7 +939,10 @@ def _pca(members: list[Conversation], x: FloatArray) -> dict[str, tuple[float, f
 
     if len(members) < 3:
         return {c.dialogue_id: (0.0, 0.0) for c in members}
-    xy = PCA(n_components=2, random_state=0).fit_transform(x)
+    # Embeddings all equal have no variance: every point maps to (0, 0), and scikit-learn's
+    # explained-variance ratio (never read here) divides by zero; no warning for that.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        xy = PCA(n_components=2, random_state=0).fit_transform(x)
     return {c.dialogue_id: (float(xy[i, 0]), float(xy[i, 1])) for i, c in enumerate(members)}
 
 

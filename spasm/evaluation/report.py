@@ -113,7 +113,8 @@ def figure_drift(metrics: Metrics) -> Figure:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("Drift = 1 − cos")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a dimension with no mean anywhere has no line
+            ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(dims) :]:
         ax.set_axis_off()
     fig.suptitle("Drift by Client turn (mean ± 95% CI)")
