@@ -38,6 +38,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
+@pytest.mark.e2e
 def test_a_sharegpt_array_is_a_run_with_human_client_seats(tmp_path: Path) -> None:
     src = tmp_path / "chats.json"
     src.write_text(json.dumps(SHAREGPT, indent=1))
@@ -228,6 +229,7 @@ def test_a_nested_langfuse_export_keeps_only_the_generation_that_answered_each_l
     assert d.loc["sess-anna-7", "client_kind"] == "human" and d.loc["sess-anna-7", "interface"] == "import"
 
 
+@pytest.mark.e2e
 def test_a_langfuse_export_of_generations_is_grouped_by_session(tmp_path: Path) -> None:
     records = [
         {"id": "o2", "type": "GENERATION", "traceId": "tr1", "sessionId": "s-1", "userId": "dan",

@@ -228,6 +228,7 @@ TOOLS_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.e2e
 def test_a_tool_that_blocks_or_exits_is_a_result_with_an_error_and_the_process_exits(
         tmp_path: Path) -> None:
     """The neighbour of the agent's bound: a tool is the user's code too. A blocking plain tool

@@ -388,6 +388,7 @@ def test_cli_rejects_bad_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert "sum" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_cli_serves_until_interrupted() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "spasm.testing.server", "--port", "0", "--latency", "0"],
