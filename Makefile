@@ -32,9 +32,11 @@ lint: setup
 test: lint
 	$(BIN)/pytest -q
 
-# The quick loop runs on every core (pytest-xdist) with the tests' files on tmpfs where the
-# machine has one: a run's durable writes (fsync) cost nothing there. make test keeps the disk.
+# The quick loop runs on every core (pytest-xdist), keeps the compiled test modules (pytest's
+# assertion rewriting is most of collecting, and PYTHONDONTWRITEBYTECODE would redo it every
+# time) and puts the tests' files on tmpfs where the machine has one: a run's durable writes
+# (fsync) cost nothing there. make test keeps the environment and the disk.
 FAST_TMP := $(if $(wildcard /dev/shm/.),TMPDIR=/dev/shm,)
 
 fast: setup
-	$(FAST_TMP) $(BIN)/pytest -q -m "not e2e" -n auto
+	PYTHONDONTWRITEBYTECODE= $(FAST_TMP) $(BIN)/pytest -q -m "not e2e" -n auto
