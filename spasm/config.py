@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable
 from importlib.resources import files
@@ -205,7 +206,13 @@ class PairingConfig(_Strict):
 
     @property
     def label(self) -> str:
-        return f"{self.client}/{self.responder}"
+        return self.label_of(self.client, self.responder)
+
+    @staticmethod
+    def label_of(client: str, responder: str) -> str:
+        """How rows name a client and a responder backend: ``client/responder`` (a group
+        dialogue's row: its first client and first responder seats')."""
+        return f"{client}/{responder}"
 
 
 class PersonaConfig(_Strict):
@@ -225,7 +232,8 @@ class PersonaConfig(_Strict):
     schema_file: str | None = None
     llm_validate: bool = False
     llm_craft: bool = False
-    #: Backend for the LLM validator/crafter; defaults to the first pairing's client backend.
+    #: Backend for the LLM validator/crafter; defaults to the run's helper backend (the first
+    #: pairing's client, a group run's first client seat's: ``RunConfig.helper_backend``).
     backend: str | None = None
     #: Give up when this many candidates in a row fail for every n (rules reject nearly all).
     max_draws_per_persona: int = Field(200, ge=1)
@@ -563,12 +571,12 @@ class RunConfig(_Strict):
     def _check_references(self) -> RunConfig:
         if not self.backends:
             raise ValueError("at least one backend is needed")
-        if not self.pairing_list:
+        # A group run has no pairings: its seats name their backends (_check_group).
+        if self.participants is None and not self.pairing_list:
             raise ValueError("pairings is empty: list at least one {client, responder} pairing, "
                              "or write pairings: grid")
         names = set(self.backends)
-        # A group run's seats name their backends (checked with the seats, _check_group).
-        pairings = [] if self.participants is not None else self.pairing_list
+        pairings = self.pairing_list
         refs = [(p.client, "pairings") for p in pairings] + [
             (p.responder, "pairings") for p in pairings
         ]
@@ -591,9 +599,12 @@ class RunConfig(_Strict):
         # code (kind: python, the agent under test) it would receive the judge's prompt, with
         # the expected outcome, or the moderator's. Such a default is refused: name a model.
         python = {n for n, b in self.backends.items() if b.kind == "python"}
-        if not python:
-            return self
-        clients = [p.client for p in self.pairing_list]
+        roles = {s.role for s in self.participants or ()}
+        if not python or (self.participants is not None and roles != {"client", "responder"}):
+            return self  # (a group without a seat of each role: _check_group says so)
+        # The judges' default is each dialogue's client backend (a group's first client seat's).
+        clients = ([p.client for p in self.pairing_list] if self.participants is None
+                   else [self.helper_backend])
         defaults: list[tuple[str, str | None, list[str], str]] = []
         if self.termination.judge:
             defaults.append(("termination.judge_backend", self.termination.judge_backend,
@@ -605,7 +616,7 @@ class RunConfig(_Strict):
             defaults.append(("personas.backend", self.personas.backend, clients[:1],
                              "the persona validator and crafter"))
         if self.participants is not None and self.group.next_speaker == "llm":
-            helper = next(s.backend for s in self.participants if s.role == "responder")
+            helper = self.seat_backend("responder")
             defaults.append(("group.moderator_backend", self.group.moderator_backend, [helper],
                              "the next-speaker moderator"))
         models = sorted(set(self.backends) - python) or "an openai or embedded backend you add"
@@ -680,12 +691,12 @@ class RunConfig(_Strict):
             raise ValueError(problem)
         return self
 
-    def plan_size_problem(self, scenarios: int | None = None, personas: int | None = None,
-                          where: str = "") -> str | None:
-        """Why the plan is over ``engine.max_planned_dialogues`` (``None``: it is not):
-        personas × conversations × pairings × conditions × harness levels (a group run: group
-        dialogues × conditions), × ``scenarios`` when given. ``personas``: their count when
-        known (a data file's rows), else ``personas.n``; ``where`` names the counts' source."""
+    def plan_factors(self, scenarios: int | None = None,
+                     personas: int | None = None) -> tuple[list[int], str]:
+        """The counts whose product is the plan's size, and their names: personas ×
+        conversations × pairings × conditions × harness levels (a group run: group dialogues ×
+        1 × 1 × conditions × 1), × trials (``trials`` > 1), × ``scenarios`` when given.
+        ``personas``: their count when known (a data file's rows), else ``personas.n``."""
         levels = len(self.harness.levels) if self.harness.levels else 1
         # A source without n: its rows are counted when it is read (the engine checks again).
         factors = [personas or self.personas.n or 1, self.conversations_per_persona,
@@ -702,9 +713,16 @@ class RunConfig(_Strict):
         if scenarios is not None:
             factors.append(scenarios)
             names += " × scenarios"
-        planned = 1
-        for f in factors:
-            planned *= f
+        return factors, names
+
+    def plan_size_problem(self, scenarios: int | None = None, personas: int | None = None,
+                          where: str = "") -> str | None:
+        """Why the plan is over ``engine.max_planned_dialogues`` (``None``: it is not):
+        personas × conversations × pairings × conditions × harness levels (a group run: group
+        dialogues × conditions), × ``scenarios`` when given. ``personas``: their count when
+        known (a data file's rows), else ``personas.n``; ``where`` names the counts' source."""
+        factors, names = self.plan_factors(scenarios, personas)
+        planned = math.prod(factors)
         limit = self.engine.max_planned_dialogues
         if planned <= limit:
             return None
@@ -718,16 +736,51 @@ class RunConfig(_Strict):
 
     @property
     def pairing_list(self) -> list[PairingConfig]:
-        """The pairings, with ``grid`` expanded to every (client, responder) combination; in a
-        group run, the first client seat's and first responder seat's backends."""
+        """The two-party pairings, with ``grid`` expanded to every (client, responder)
+        combination; empty in a group run (``participants``), which has seats, not pairings
+        (its backends: :attr:`dialogue_backends`, :attr:`used_backends`)."""
         if self.participants is not None:
-            client = next((s.backend for s in self.participants if s.role == "client"), None)
-            helper = next((s.backend for s in self.participants if s.role == "responder"), None)
-            seats = [s.backend for s in self.participants]
-            return [PairingConfig(client=client or seats[0], responder=helper or seats[-1])]
+            return []
         if self.pairings == "grid":
             return [PairingConfig(client=c, responder=r) for c in self.backends for r in self.backends]
         return list(self.pairings)
+
+    def seat_backend(self, role: Literal["client", "responder"]) -> str:
+        """The backend of a group run's first seat of ``role`` (the seat the dialogues row's
+        ``client_backend``/``responder_backend`` name); only for a group run."""
+        assert self.participants is not None, "seat_backend is for a group run (participants)"
+        return next(s.backend for s in self.participants if s.role == role)
+
+    @property
+    def dialogue_backends(self) -> list[str]:
+        """The backends that speak in the run's dialogues, sorted: every pairing's client and
+        responder, or every seat's in a group run."""
+        if self.participants is not None:
+            return sorted({s.backend for s in self.participants})
+        return sorted({p.client for p in self.pairing_list} | {p.responder for p in self.pairing_list})
+
+    @property
+    def used_backends(self) -> list[str]:
+        """Every backend the run calls, sorted: :attr:`dialogue_backends`, and those its helper
+        calls name (``personas.backend``, ``termination.judge_backend``, ``harness.backend``,
+        ``scenarios_judge.backend`` with scenarios, ``group.moderator_backend`` in a group
+        run). A helper left to its default asks a dialogue backend, already in the set."""
+        used = set(self.dialogue_backends)
+        helpers = [self.personas.backend, self.termination.judge_backend, self.harness.backend,
+                   self.scenarios_judge.backend if self.scenarios is not None else None,
+                   self.group.moderator_backend if self.participants is not None else None]
+        used.update(b for b in helpers if b)
+        return sorted(used)
+
+    @property
+    def helper_backend(self) -> str:
+        """The backend a helper LLM call outside any dialogue defaults to (the persona
+        validator, crafter and extraction; the eval probe and judge): the first pairing's
+        client, or a group run's first client seat's backend. (Inside a dialogue the
+        termination and goal judges default to that dialogue's client backend.)"""
+        if self.participants is not None:
+            return self.seat_backend("client")
+        return self.pairing_list[0].client
 
     def redacted(self) -> dict[str, Any]:
         """The resolved config as plain data; it holds env var names, never key values, and

@@ -50,7 +50,7 @@ from spasm.personas.sources import SourceCandidate, SourcePersonas, load_source
 from spasm.plugins import load_plugins
 from spasm.resume import ResumeCheck, schema_digest
 from spasm.run_summary import RunSummary, manifest_record, pacing_note, progress_lines
-from spasm.runner import DialogueResult, DialogueSpec, run_dialogue
+from spasm.runner import DialogueResult, PlannedDialogue, run_dialogue
 from spasm.runplan import Shard, make_backends, plan
 from spasm.scenarios import (
     SCENARIO_COLUMN,
@@ -250,9 +250,7 @@ class Engine:
     def dialogues_in_flight(self, backends: dict[str, Backend]) -> int:
         if self.config.engine.max_dialogues_in_flight:
             return self.config.engine.max_dialogues_in_flight
-        used = {p.client for p in self.config.pairing_list} | {
-            p.responder for p in self.config.pairing_list
-        }
+        used = self.config.dialogue_backends
         if all(backends[b].max_concurrency == 1 for b in used):
             # One sequential model (the embedded one): interleaving dialogues on it only delays
             # every one of them to the end and breaks each agent's KV prefix; run them in turn.
@@ -430,7 +428,7 @@ class Engine:
 
     async def _execute(
         self,
-        todo: list[DialogueSpec],
+        todo: list[PlannedDialogue],
         backends: dict[str, Backend],
         caller: Caller,
         summary: RunSummary,
@@ -500,7 +498,7 @@ class Engine:
                 return await build_personas(schema, pc.n, self.config.seed,
                                             max_draws_per_persona=pc.max_draws_per_persona,
                                             on_progress=progress)
-            backend = pc.backend or self.config.pairing_list[0].client
+            backend = pc.backend or self.config.helper_backend
             temps = self.config.backends[backend].temperatures
             return await build_personas(
                 schema, pc.n, self.config.seed, caller=caller, backend=backend,
@@ -524,7 +522,7 @@ class Engine:
             source = await anyio.to_thread.run_sync(load_source, pc.source, schema, pc.field_map)
         chosen = source.sample(pc.n, cfg.seed)
         self._check_plan_size(chosen)
-        backend = pc.backend or cfg.pairing_list[0].client
+        backend = pc.backend or cfg.helper_backend
         return await build_source_personas(
             schema, source, chosen, cfg.seed, caller=caller, backend=backend,
             temperature=cfg.backends[backend].temperatures.validator,
@@ -610,7 +608,7 @@ class _Scheduler:
             await anyio.to_thread.run_sync(engine.store.write_batch, name, tables)
             engine._manifest(self.summary, self.caller, "running", engine._started)  # live
 
-    async def _produce(self, send: Any, todo: list[DialogueSpec]) -> None:
+    async def _produce(self, send: Any, todo: list[PlannedDialogue]) -> None:
         async with send:
             for spec in todo:
                 try:
@@ -645,10 +643,10 @@ class _Scheduler:
                         self.pending and time.monotonic() - self.last_flush >= FLUSH_AFTER_S):
                     await self.flush()
 
-    async def run(self, todo: list[DialogueSpec], workers: int) -> None:
+    async def run(self, todo: list[PlannedDialogue], workers: int) -> None:
         """Run ``todo`` with ``workers`` dialogues in flight; a budget stop is recorded in the
         summary, any other stop raised, and what finished is committed either way."""
-        send, receive = anyio.create_memory_object_stream[DialogueSpec](0)
+        send, receive = anyio.create_memory_object_stream[PlannedDialogue](0)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._produce, send, todo)

@@ -35,7 +35,7 @@ from spasm.config import RunConfig
 from spasm.dataset.columns import load_params
 from spasm.errors import RunError
 from spasm.harness.levels import level_label
-from spasm.runner import DialogueSpec, run_dialogue
+from spasm.runner import PlannedDialogue, run_dialogue
 
 #: Plans up to this many dialogues are simulated in full.
 SIMULATE_ALL_UP_TO = 32
@@ -190,20 +190,20 @@ def _lengths(config: RunConfig, cal: Calibration) -> list[tuple[int, float]]:
     return [(lo, hi - mean), (hi, mean - lo)]
 
 
-def _group(spec: DialogueSpec) -> tuple[str, str, str]:
-    return spec.pairing.label, spec.condition, level_label(*spec.levels)
+def _group(spec: PlannedDialogue) -> tuple[str, str, str]:
+    return spec.pairing_label, spec.condition, level_label(*spec.levels)
 
 
-def sample(specs: Sequence[DialogueSpec]) -> list[tuple[DialogueSpec, float]]:
+def sample(specs: Sequence[PlannedDialogue]) -> list[tuple[PlannedDialogue, float]]:
     """The dialogues to simulate, each with how many planned dialogues it stands for: all of
     them for a small plan, else up to :data:`SAMPLE_PER_GROUP` per (pairing, condition,
     level), spread over the group (different personas and seeds)."""
     if len(specs) <= SIMULATE_ALL_UP_TO:
         return [(s, 1.0) for s in specs]
-    groups: dict[tuple[str, str, str], list[DialogueSpec]] = {}
+    groups: dict[tuple[str, str, str], list[PlannedDialogue]] = {}
     for s in specs:
         groups.setdefault(_group(s), []).append(s)
-    out: list[tuple[DialogueSpec, float]] = []
+    out: list[tuple[PlannedDialogue, float]] = []
     for members in groups.values():
         k = min(SAMPLE_PER_GROUP, len(members))
         picks = sorted({round(i * (len(members) - 1) / max(1, k - 1)) for i in range(k)})
@@ -214,7 +214,7 @@ def sample(specs: Sequence[DialogueSpec]) -> list[tuple[DialogueSpec, float]]:
 
 
 async def _simulate(
-    spec: DialogueSpec, config: RunConfig, caller: Caller, exchanges: int
+    spec: PlannedDialogue, config: RunConfig, caller: Caller, exchanges: int
 ) -> list[_Call]:
     result = await run_dialogue(spec, _with_exchanges(config, exchanges), caller)
     if result.error is not None:
@@ -226,7 +226,7 @@ async def _simulate(
 
 async def estimate(
     config: RunConfig,
-    specs: Sequence[DialogueSpec],
+    specs: Sequence[PlannedDialogue],
     calibration: Calibration | None = None,
     *,
     persona_calls: Sequence[Any] = (),
@@ -243,13 +243,13 @@ async def estimate(
     levels: dict[tuple[str, str], Estimate] = {}
     roles: dict[str, float] = {}
     for s in specs:
-        label = s.pairing.label
+        label = s.pairing_label
         pairings.setdefault(label, Estimate(label, (label,))).dialogues += 1
         key = (s.condition, level_label(*s.levels))
         levels.setdefault(key, Estimate(f"{key[0]}, level {key[1]}", key)).dialogues += 1
     chosen = sample(specs)
     for spec, weight in chosen:
-        targets = [pairings[spec.pairing.label], levels[(spec.condition, level_label(*spec.levels))]]
+        targets = [pairings[spec.pairing_label], levels[(spec.condition, level_label(*spec.levels))]]
         for exchanges, share in _lengths(config, cal):
             calls = await _simulate(spec, config, caller, exchanges)
             _price(calls, config, cal, weight * share, targets, roles)
@@ -287,7 +287,7 @@ class _Observed:
 
 
 async def calibrate(
-    store: TableSource, config: RunConfig, specs: Sequence[DialogueSpec]
+    store: TableSource, config: RunConfig, specs: Sequence[PlannedDialogue]
 ) -> Calibration | None:
     """Learn length, reply size and token-count ratios from the run's finished dialogues.
 

@@ -45,12 +45,12 @@ def has_people(config: RunConfig) -> bool:
     return any(b.kind == "human" for b in config.backends.values())
 
 
-def pairing_label(config: RunConfig, pairing: PairingConfig) -> str:
-    """A pairing with a person in it as ``human×<model>`` (the client's side first); a pairing
-    of models keeps its label (``client/responder``)."""
-    sides = [pairing.client, pairing.responder]
+def pairing_label(config: RunConfig, sides: tuple[str, str]) -> str:
+    """The ``pairing`` column for a dialogue row's client and responder backends (``sides``):
+    with a person in it ``human×<model>`` (the client's side first); a pairing of models keeps
+    its label (``client/responder``)."""
     if not any(seat_kind(config, b) == "human" for b in sides):
-        return pairing.label
+        return PairingConfig.label_of(*sides)
     return "×".join("human" if seat_kind(config, b) == "human" else config.backends[b].model
                     for b in sides)
 
@@ -88,15 +88,17 @@ def _typing(reply: PersonReply | None) -> dict[str, Any]:
 
 
 async def record_people(
-    result: _Result, config: RunConfig, caller: Caller, dialogue_id: str, pairing: PairingConfig,
+    result: _Result, config: RunConfig, caller: Caller, dialogue_id: str, sides: tuple[str, str],
     seat_backends: Mapping[str, str], goal: str | None = None,
 ) -> None:
     """Widen one dialogue's rows with the human-seat columns, in place: the seats' kinds, the
     person's operator and interface, each human turn's typing and the human pairing label.
-    ``seat_backends``: each speaker (``client``/``responder``, or a group's participant ids) and
-    the backend playing it. A finished dialogue's person is asked for their own verdict (the
-    scenario's ``goal`` met?, the partner rated 1-5: ``person_goal_met``, ``person_rating``),
-    which the goal judge is calibrated against."""
+    ``sides``: the client and responder backends the dialogue row names (a group's first
+    client and first responder seats'). ``seat_backends``: each speaker
+    (``client``/``responder``, or a group's participant ids) and the backend playing it. A
+    finished dialogue's person is asked for their own verdict (the scenario's ``goal`` met?,
+    the partner rated 1-5: ``person_goal_met``, ``person_rating``), which the goal judge is
+    calibrated against."""
     replies: dict[int, PersonReply] = {}
     verdict: dict[str, Any] = {}
     for b in sorted(set(seat_backends.values())):
@@ -107,7 +109,7 @@ async def record_people(
                 verdict = await backend.person.debrief(
                     dialogue_id, goal, [(t.speaker, t.text) for t in result.turns],
                     result.dialogue.termination_reason)
-    label = pairing_label(config, pairing)
+    label = pairing_label(config, sides)
     if result.error is not None:
         result.error = ErrorRow(**{**result.error.as_record(), "pairing": label})
     kinds = {s: seat_kind(config, b) for s, b in seat_backends.items()}
@@ -123,6 +125,6 @@ async def record_people(
     if result.dialogue is not None:
         d = result.dialogue
         result.dialogue = _widen(
-            d, pairing=label, client_kind=seat_kind(config, pairing.client),
-            responder_kind=seat_kind(config, pairing.responder),
+            d, pairing=label, client_kind=seat_kind(config, sides[0]),
+            responder_kind=seat_kind(config, sides[1]),
             **_person(config, list(seat_backends.values())), **verdict)

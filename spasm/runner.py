@@ -10,6 +10,7 @@ termination chain and the session, and never sees the config, the plan or the ha
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,28 +55,74 @@ from spasm.termination import DetectorSetup, TerminationChain, make_detector
 from spasm.turn_order import Seat, TurnOrderSetup, make_next_speaker
 
 __all__ = [
-    "DialogueResult", "DialogueSpec", "GroupSeat", "GroupSpec", "build_agents", "build_chain",
-    "run_dialogue",
+    "DialogueResult", "DialogueSpec", "GroupSeat", "GroupSpec", "PlannedDialogue", "build_agents",
+    "build_chain", "run_dialogue",
 ]
 
 
-@dataclass(frozen=True)
-class DialogueSpec:
-    """Everything that identifies one planned dialogue."""
+@dataclass(frozen=True, kw_only=True)
+class PlannedDialogue(ABC):
+    """What every planned dialogue has, two-party (:class:`DialogueSpec`) or group
+    (:class:`GroupSpec`), and what its rows name: the persona id, the pairing label and the
+    client and responder backends of the ``dialogues`` and ``errors`` rows."""
 
     dialogue_id: str
-    persona: Persona
     conversation_index: int
     condition: str
-    pairing: PairingConfig
     seed: int
-    #: Harness level (A–E) of the Client and of the Responder (docs/harness.md); of every seat, in
-    #: turn order, in a group dialogue.
-    levels: tuple[str, ...] = ("A", "A")
     #: The scenario of a run with scenarios (its situation and goal go on the Client's card).
     scenario: Scenario | None = None
     #: The trial (0..K-1) of a run with ``trials: K``; ``None`` in a run without trials.
     trial: int | None = None
+
+    @property
+    @abstractmethod
+    def levels(self) -> tuple[str, ...]:
+        """Harness level (A–E, docs/harness.md) of each speaker, in turn order."""
+
+    @property
+    @abstractmethod
+    def persona_id(self) -> str:
+        """The ``persona_id`` of the dialogue's rows."""
+
+    @property
+    @abstractmethod
+    def client_backend(self) -> str:
+        """The ``client_backend`` of the dialogue's row, and the backend its termination and
+        goal judges default to."""
+
+    @property
+    @abstractmethod
+    def responder_backend(self) -> str:
+        """The ``responder_backend`` of the dialogue's row."""
+
+    @property
+    def pairing_label(self) -> str:
+        """The ``pairing`` column of the dialogue's rows: ``client_backend/responder_backend``
+        (a person's seat relabels it: :func:`spasm.people.pairing_label`)."""
+        return PairingConfig.label_of(self.client_backend, self.responder_backend)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DialogueSpec(PlannedDialogue):
+    """A planned two-party dialogue: its persona (the Client's) and its pairing."""
+
+    persona: Persona
+    pairing: PairingConfig
+    #: Harness level (A–E, docs/harness.md) of the Client and of the Responder.
+    levels: tuple[str, ...] = ("A", "A")
+
+    @property
+    def persona_id(self) -> str:
+        return self.persona.id
+
+    @property
+    def client_backend(self) -> str:
+        return self.pairing.client
+
+    @property
+    def responder_backend(self) -> str:
+        return self.pairing.responder
 
 
 @dataclass(frozen=True)
@@ -87,25 +134,54 @@ class GroupSeat:
     persona: Persona | None = None
 
 
-@dataclass(frozen=True)
-class GroupSpec(DialogueSpec):
-    """A planned group dialogue. ``persona`` is the first client seat's and ``pairing`` the
-    first client and responder seats' backends (what the dialogues table, the summary and the
-    estimate name); ``seats`` are all of them, in turn order."""
+@dataclass(frozen=True, kw_only=True)
+class GroupSpec(PlannedDialogue):
+    """A planned group dialogue: its seats, in turn order, each client seat with its persona.
+    It has no pairing and no single persona; what the ``dialogues`` row names for one (its
+    ``persona_id``, ``pairing``, ``client_backend``, ``responder_backend``) is the first client
+    seat's and the first responder seat's (:attr:`first_client`, :attr:`first_responder`)."""
 
-    seats: tuple[GroupSeat, ...] = ()
+    seats: tuple[GroupSeat, ...]
 
-    def __post_init__(self) -> None:
-        # Each seat's level (``participants[].level``): what the harness and the dialogues
-        # row's ``harness_level`` read.
-        object.__setattr__(self, "levels", tuple(s.participant.level for s in self.seats))
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """Each seat's level (``participants[].level``), in turn order: what the harness and
+        the dialogues row's ``harness_level`` read."""
+        return tuple(s.participant.level for s in self.seats)
+
+    @property
+    def first_client(self) -> GroupSeat:
+        """The first client seat (a group has one at least: ``RunConfig._check_group``)."""
+        return next(s for s in self.seats if s.participant.role == "client")
+
+    @property
+    def first_responder(self) -> GroupSeat:
+        """The first responder seat (a group has one at least)."""
+        return next(s for s in self.seats if s.participant.role == "responder")
+
+    @property
+    def persona_id(self) -> str:
+        """The first client seat's persona's id."""
+        persona = self.first_client.persona
+        assert persona is not None, "a client seat is filled by a persona (runplan.plan_groups)"
+        return persona.id
+
+    @property
+    def client_backend(self) -> str:
+        """The first client seat's backend."""
+        return self.first_client.participant.backend
+
+    @property
+    def responder_backend(self) -> str:
+        """The first responder seat's backend."""
+        return self.first_responder.participant.backend
 
 
 @dataclass
 class DialogueResult:
     """Rows for each table produced by one dialogue."""
 
-    spec: DialogueSpec
+    spec: PlannedDialogue
     dialogue: DialogueRow | None = None
     turns: list[TurnRow] = field(default_factory=list)
     calls: list[CallRow] = field(default_factory=list)
@@ -164,30 +240,30 @@ def tool_mode(config: RunConfig, backend: str) -> Literal["native", "prompted"]:
 
 
 def build_chain(
-    config: RunConfig, caller: Caller, spec: DialogueSpec,
+    config: RunConfig, caller: Caller, spec: PlannedDialogue,
     participants: tuple[str, ...] | None = None,
 ) -> TerminationChain:
     """The termination chain configured for the run: the rules, the judge, then the detectors
     ``termination.detectors`` names (registered ones: :func:`spasm.termination.register_detector`)."""
     t = config.termination
     names = [*(["rules"] if t.rules else []), *(["judge"] if t.judge else []), *t.detectors]
-    judge_backend = t.judge_backend or spec.pairing.client
+    judge_backend = t.judge_backend or spec.client_backend
     setup = DetectorSetup(caller, judge_backend, config.backends[judge_backend].temperatures.judge,
                           spec.seed, t.window, participants)
     return TerminationChain([make_detector(n, setup) for n in names], t.min_utterances)
 
 
-def goal_detector(spec: DialogueSpec, config: RunConfig, caller: Caller) -> GoalDetector | None:
+def goal_detector(spec: PlannedDialogue, config: RunConfig, caller: Caller) -> GoalDetector | None:
     """The goal judge as a termination detector (``scenarios_judge.termination``), or ``None``."""
     sj = config.scenarios_judge
     if spec.scenario is None or not sj.enabled or not sj.termination:
         return None
-    return GoalDetector(caller, sj.backend or spec.pairing.client, spec.scenario.goal,
+    return GoalDetector(caller, sj.backend or spec.client_backend, spec.scenario.goal,
                         spec.scenario.expected_outcome, temperature=sj.temperature,
                         max_tokens=sj.max_tokens, seed=spec.seed, seats=judge_seats(spec))
 
 
-def judge_seats(spec: DialogueSpec) -> tuple[tuple[str, str], ...] | None:
+def judge_seats(spec: PlannedDialogue) -> tuple[tuple[str, str], ...] | None:
     """A group dialogue's ``(participant id, role)`` seats, for the goal judge's transcript
     (``None`` for a two-party dialogue: its judge reads the Client and the Responder)."""
     if not isinstance(spec, GroupSpec):
@@ -196,7 +272,7 @@ def judge_seats(spec: DialogueSpec) -> tuple[tuple[str, str], ...] | None:
 
 
 async def goal_verdict(
-    spec: DialogueSpec, config: RunConfig, caller: Caller, convo: Conversation,
+    spec: PlannedDialogue, config: RunConfig, caller: Caller, convo: Conversation,
     session: DialogueSession, detector: GoalDetector | None,
 ) -> GoalVerdict | None:
     """The goal judge's decision after the dialogue (run-layer code, not in the dialogue loop):
@@ -207,14 +283,14 @@ async def goal_verdict(
     if detector is not None and detector.reached is not None and convo.reason == GOAL_REACHED:
         return detector.reached
     return await judge_goal(
-        caller, sj.backend or spec.pairing.client, convo.history, spec.scenario.goal,
+        caller, sj.backend or spec.client_backend, convo.history, spec.scenario.goal,
         spec.scenario.expected_outcome, session.scope, temperature=sj.temperature,
         max_tokens=sj.max_tokens, seed=spec.seed, seats=judge_seats(spec),
     )
 
 
 async def settle(
-    spec: DialogueSpec, config: RunConfig, caller: Caller, convo: Conversation,
+    spec: PlannedDialogue, config: RunConfig, caller: Caller, convo: Conversation,
     session: DialogueSession, detector: GoalDetector | None,
 ) -> tuple[DialogueResult, GoalVerdict | None]:
     """What a finished dialogue (two-party or group) leaves: its calls, then either the error
@@ -236,7 +312,7 @@ async def settle(
     return result, verdict
 
 
-def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None,
+def with_goal(row: DialogueRow, spec: PlannedDialogue, verdict: GoalVerdict | None,
               acted: Reward | None = None) -> DialogueRow:
     """The dialogue's row with its scenario and the goal judge's verdict (a run with
     scenarios) and its reward (a run with tools: ``acted``), then its trial (a run with
@@ -256,17 +332,17 @@ def with_goal(row: DialogueRow, spec: DialogueSpec, verdict: GoalVerdict | None,
     return row
 
 
-def open_session(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueSession:
+def open_session(spec: PlannedDialogue, config: RunConfig, caller: Caller) -> DialogueSession:
     """The session of one planned dialogue (the cache estimate only in harness runs)."""
     return DialogueSession.open(
-        caller, spec.dialogue_id, spec.persona.id, spec.condition, spec.seed,
+        caller, spec.dialogue_id, spec.persona_id, spec.condition, spec.seed,
         estimate_cache=config.harness.active or any(lv != "A" for lv in spec.levels),
         scenario_id=spec.scenario.id if spec.scenario is not None else None,
         belt=belt_for(config, spec.scenario),
     )
 
 
-async def acted(spec: DialogueSpec, session: DialogueSession, convo: Conversation,
+async def acted(spec: PlannedDialogue, session: DialogueSession, convo: Conversation,
                 result: DialogueResult, verdict: GoalVerdict | None,
                 responders: Sequence[str]) -> Reward | None:
     """A run with tools: the dialogue's events and worlds rows into ``result``, and its reward
@@ -280,11 +356,13 @@ async def acted(spec: DialogueSpec, session: DialogueSession, convo: Conversatio
                   None if verdict is None else verdict.goal_met, responders)
 
 
-async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) -> DialogueResult:
+async def run_dialogue(spec: PlannedDialogue, config: RunConfig, caller: Caller) -> DialogueResult:
     """Run one planned dialogue to its end; a failure is returned as an error row, never
     raised (except a budget stop, which ends the whole run)."""
     if isinstance(spec, GroupSpec):
         return await run_group(spec, config, caller)
+    if not isinstance(spec, DialogueSpec):
+        raise TypeError(f"run_dialogue runs a DialogueSpec or a GroupSpec, not {type(spec).__name__}")
     session = open_session(spec, config, caller)
     agents = build_agents(spec, config)
     chain = build_chain(config, caller, spec)
@@ -303,20 +381,21 @@ async def run_dialogue(spec: DialogueSpec, config: RunConfig, caller: Caller) ->
             _dialogue_row(spec, config, agents, convo, session.scope.records), spec, verdict,
             rewarded)
     if has_people(config):  # a person in a seat: the seats' kinds, the typing (1.10)
-        await record_people(result, config, caller, spec.dialogue_id, spec.pairing,
-                            {"client": spec.pairing.client, "responder": spec.pairing.responder},
+        await record_people(result, config, caller, spec.dialogue_id,
+                            (spec.client_backend, spec.responder_backend),
+                            {"client": spec.client_backend, "responder": spec.responder_backend},
                             spec.scenario.goal if spec.scenario is not None else None)
     return result
 
 
-def _error_row(spec: DialogueSpec, convo: Conversation, exc: BaseException) -> ErrorRow:
+def _error_row(spec: PlannedDialogue, convo: Conversation, exc: BaseException) -> ErrorRow:
     if convo.traceback is not None:
         report_bug(spec.dialogue_id, exc, convo.traceback)
     return ErrorRow(
         dialogue_id=spec.dialogue_id,
-        persona_id=spec.persona.id,
+        persona_id=spec.persona_id,
         condition=spec.condition,
-        pairing=spec.pairing.label,
+        pairing=spec.pairing_label,
         error_type=type(exc).__name__,
         error=str(exc),
         n_utterances=len(convo.history),
@@ -327,22 +406,22 @@ def _error_row(spec: DialogueSpec, convo: Conversation, exc: BaseException) -> E
 
 
 def _dialogue_row(
-    spec: DialogueSpec, config: RunConfig, agents: tuple[TurnAgent, TurnAgent],
+    spec: PlannedDialogue, config: RunConfig, agents: tuple[TurnAgent, TurnAgent],
     convo: Conversation, records: list[CallRow],
 ) -> DialogueRow:
     backends = config.backends
     client, responder = agents
     return DialogueRow(
         dialogue_id=spec.dialogue_id,
-        persona_id=spec.persona.id,
+        persona_id=spec.persona_id,
         conversation_index=spec.conversation_index,
         condition=spec.condition,
         harness_level=level_label(*spec.levels),
-        pairing=spec.pairing.label,
-        client_backend=spec.pairing.client,
-        client_model=backends[spec.pairing.client].model,
-        responder_backend=spec.pairing.responder,
-        responder_model=backends[spec.pairing.responder].model,
+        pairing=spec.pairing_label,
+        client_backend=spec.client_backend,
+        client_model=backends[spec.client_backend].model,
+        responder_backend=spec.responder_backend,
+        responder_model=backends[spec.responder_backend].model,
         seed=spec.seed,
         responder_role=config.dialogue.responder_role,
         client_system_prompt=client.system_prompt,
@@ -367,8 +446,7 @@ def role_label(participant: ParticipantConfig, config: RunConfig) -> str:
 
 def group_role(spec: GroupSpec, config: RunConfig) -> str:
     """The group's helping role (the first responder seat's): ``dialogues.responder_role``."""
-    first = next(s.participant for s in spec.seats if s.participant.role == "responder")
-    return role_label(first, config)
+    return role_label(spec.first_responder.participant, config)
 
 
 def group_agents(spec: GroupSpec, config: RunConfig) -> list[PlainAgent]:
@@ -432,9 +510,7 @@ def seat_speaker_names(config: RunConfig, seat: ParticipantConfig) -> Literal["p
 def group_order_setup(spec: GroupSpec, config: RunConfig) -> TurnOrderSetup:
     """The turn order's view of a group dialogue: its seats, and the moderator's backend."""
     g = config.group
-    first_helper = next(s.participant.backend for s in spec.seats
-                        if s.participant.role == "responder")
-    moderator = g.moderator_backend or first_helper
+    moderator = g.moderator_backend or spec.responder_backend
     return TurnOrderSetup(
         seats=tuple(Seat(s.participant.id, s.participant.role) for s in spec.seats),
         allow_repeat=g.allow_repeat, moderator_backend=moderator,
@@ -470,7 +546,8 @@ async def run_group(spec: GroupSpec, config: RunConfig, caller: Caller) -> Dialo
                                 if s.participant.role == "responder"])
         _group_rows(result, spec, config, agents, convo, session, verdict, rewarded)
     if has_people(config):  # a person in a seat: the seats' kinds, the typing (1.10)
-        await record_people(result, config, caller, spec.dialogue_id, spec.pairing,
+        await record_people(result, config, caller, spec.dialogue_id,
+                            (spec.client_backend, spec.responder_backend),
                             {s.participant.id: s.participant.backend for s in spec.seats},
                             spec.scenario.goal if spec.scenario is not None else None)
     return result

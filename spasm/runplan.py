@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from spasm.backends import Backend, make_backend
-from spasm.config import PairingConfig, RunConfig
+from spasm.config import RunConfig
 from spasm.dataset.persona_rows import persona_record
 from spasm.errors import ConfigError, RunError, UserError
 from spasm.personas.persona import Persona
-from spasm.runner import DialogueSpec, GroupSeat, GroupSpec
+from spasm.runner import DialogueSpec, GroupSeat, GroupSpec, PlannedDialogue
 from spasm.scenarios import Scenario, own_scenario, persona_scenarios, run_scenarios
 from spasm.seeds import derive_seed
 
@@ -82,12 +82,12 @@ def legacy_dialogue_id(persona_id: str, k: int, client: str, responder: str, con
 def plan(
     config: RunConfig, personas: list[Persona], shard: Shard | None = None,
     *, ids: Callable[..., str] = dialogue_id,
-) -> Iterator[DialogueSpec]:
-    """Every dialogue of the run, in a stable order. The seed depends on the persona and the
-    conversation index only, so every pairing, condition and harness level of a conversation
-    shares it. A harness sweep (``harness.levels``) adds one dialogue per level, with the level
-    at the end of its id; without a sweep ids are unchanged and both agents take their
-    configured level.
+) -> Iterator[PlannedDialogue]:
+    """Every dialogue of the run, in a stable order (a group run's: :func:`plan_groups`). The
+    seed depends on the persona and the conversation index only, so every pairing, condition
+    and harness level of a conversation shares it. A harness sweep (``harness.levels``) adds
+    one dialogue per level, with the level at the end of its id; without a sweep ids are
+    unchanged and both agents take their configured level.
 
     Two planned dialogues with one id would store one and lose the other: that is a bug (or a
     personas table with a repeated persona id), and a :class:`~spasm.errors.RunError` stops the
@@ -128,8 +128,10 @@ def plan(
                                 )
                             seen.add(did)
                         for trial, trial_seed, tid in trials_of(config, did, seed):
-                            yield DialogueSpec(tid, persona, k, condition, pairing, trial_seed,
-                                               levels, scenario, trial)
+                            yield DialogueSpec(
+                                dialogue_id=tid, persona=persona, conversation_index=k,
+                                condition=condition, pairing=pairing, seed=trial_seed,
+                                levels=levels, scenario=scenario, trial=trial)
 
 
 
@@ -203,16 +205,12 @@ def plan_groups(
         raise UserError(f"a group dialogue has {clients} client seats but the run has "
                         f"{len(personas)} personas: raise personas.n to at least {clients}")
     n = config.group.dialogues or max(1, len(personas) // clients)
-    first_client = next(s for s in seats if s.role == "client")
-    first_helper = next(s for s in seats if s.role == "responder")
-    pairing = PairingConfig(client=first_client.backend, responder=first_helper.backend)
     for g in range(n):
         if shard is not None and g % shard.count != shard.index:
             continue
         seed = derive_seed(config.seed, "group", g)
         drawn = iter(random.Random(seed).sample(personas, clients))
         filled = tuple(GroupSeat(s, next(drawn) if s.role == "client" else None) for s in seats)
-        persona = next(f.persona for f in filled if f.persona is not None)
         for scenario in [None] if scenarios is None else scenarios:
             did_seed = seed if scenario is None else derive_seed(config.seed, "group", g,
                                                                  scenario.id)
@@ -220,26 +218,15 @@ def plan_groups(
             for condition in config.conditions:
                 did = group_dialogue_id(g, condition, sid)
                 for trial, trial_seed, tid in trials_of(config, did, did_seed):
-                    yield GroupSpec(tid, persona, g, condition, pairing, trial_seed,
-                                    scenario=scenario, trial=trial, seats=filled)
+                    yield GroupSpec(dialogue_id=tid, conversation_index=g, condition=condition,
+                                    seed=trial_seed, scenario=scenario, trial=trial,
+                                    seats=filled)
 
 
 def make_backends(config: RunConfig) -> dict[str, Backend]:
-    """Build every backend the config uses (a missing key env var fails here, before any I/O)."""
-    used = {p.client for p in config.pairing_list} | {p.responder for p in config.pairing_list}
-    if config.personas.backend:
-        used.add(config.personas.backend)
-    if config.termination.judge_backend:
-        used.add(config.termination.judge_backend)
-    if config.harness.backend:
-        used.add(config.harness.backend)
-    if config.scenarios is not None and config.scenarios_judge.backend:
-        used.add(config.scenarios_judge.backend)
-    for seat in config.participants or ():
-        used.add(seat.backend)
-    if config.participants is not None and config.group.moderator_backend:
-        used.add(config.group.moderator_backend)
-    return {name: make_backend(name, config.backends[name]) for name in sorted(used)}
+    """Build every backend the config uses (:attr:`~spasm.config.RunConfig.used_backends`; a
+    missing key env var fails here, before any I/O)."""
+    return {name: make_backend(name, config.backends[name]) for name in config.used_backends}
 
 
 # -- shards ---------------------------------------------------------------------------------

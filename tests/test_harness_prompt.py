@@ -116,7 +116,8 @@ def _harness(level: str, speaker: str = "client", condition: str = "ecp") -> tup
 ]:
     """The agent ``build_agents`` makes for ``speaker`` at ``level``, and its session."""
     config = _config()
-    spec = DialogueSpec("d1", PERSONA, 0, condition, config.pairing_list[0], 7, (level, level))
+    spec = DialogueSpec(dialogue_id="d1", persona=PERSONA, conversation_index=0, condition=condition,
+                        pairing=config.pairing_list[0], seed=7, levels=(level, level))
     client, responder = build_agents(spec, config)
     agent = client if speaker == "client" else responder
     backend = ScriptedBackend(REPLIES)
@@ -237,7 +238,8 @@ def test_the_responder_is_handed_no_persona() -> None:
     # build_agents gives the Client its persona and the Responder none, at every level.
     for level in "BCDE":
         config = _config()
-        spec = DialogueSpec("d1", PERSONA, 0, "ecp", config.pairing_list[0], 7, (level, level))
+        spec = DialogueSpec(dialogue_id="d1", persona=PERSONA, conversation_index=0, condition="ecp",
+                            pairing=config.pairing_list[0], seed=7, levels=(level, level))
         client, responder = build_agents(spec, config)
         assert isinstance(client, HarnessedAgent) and client.persona is PERSONA
         assert isinstance(responder, HarnessedAgent) and responder.persona is None

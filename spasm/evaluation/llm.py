@@ -7,7 +7,8 @@ the embedded one included.
 
 * **Which backend** (:func:`resolve_backend`): an explicit :class:`~spasm.config.BackendConfig`
   (the CLI's endpoint flags); else a backend of the run's ``config.json`` by name; else the
-  run's first pairing's client backend. ``embedded`` (the embedded default) is always
+  run's helper backend (its first pairing's client, a group run's first client seat's:
+  :attr:`spasm.config.RunConfig.helper_backend`). ``embedded`` (the embedded default) is always
   available, so imported runs, which have no ``config.json``, can be judged offline.
 * **Cache**: the run's ``cache.sqlite``, so a rerun is answered without a request.
 * **Call log**: every call (roles ``eval_probe`` / ``eval_judge``) is appended to the run's
@@ -128,9 +129,10 @@ def resolve_backend(
                 "--mode probe / --judge. Pass --llm-backend embedded for the embedded model, or "
                 "--llm-base-url URL --llm-model MODEL for an OpenAI-compatible endpoint."
             )
-        default = run.pairing_list[0].client
+        default = run.helper_backend
+        first = "first client seat's" if run.participants is not None else "first pairing's client"
         return EvalBackend(default, _stored(default, run.backends[default]),
-                           "run config (first pairing's client)")
+                           f"run config ({first})")
     if run is not None and name in run.backends:
         return EvalBackend(name, _stored(name, run.backends[name]), "run config")
     if name == "embedded":

@@ -185,7 +185,8 @@ def evaluate(
             ``llm_config`` names; each one's result, their agreement and disagreements go to
             ``metrics.judges``. Alone it turns on ``judge``.
         llm_backend: for probe mode and the judge, a backend of the run's ``config.json`` by
-            name, or ``"embedded"``; default: the run's first pairing's client backend.
+            name, or ``"embedded"``; default: the run's first pairing's client backend (a
+            group run's first client seat's).
         llm_config: an explicit backend instead (e.g. ``BackendConfig(kind="openai", ...)``),
             named ``llm_backend`` or ``"eval"``.
         llm_max_tokens: cap on each probe/judge reply.

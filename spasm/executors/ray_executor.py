@@ -23,6 +23,7 @@ Ray is an optional extra (``pip install 'spasm[ray]'``); it is imported only her
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -149,9 +150,9 @@ def _run_shard(config_data: dict[str, Any], run_dir: str, index: int, count: int
 
 
 def _planned_estimate(config: Any) -> int:
-    levels = len(config.harness.levels) if config.harness.levels else 1
-    return int((config.personas.n or 1) * config.conversations_per_persona * len(config.pairing_list)
-               * len(config.conditions) * levels * config.trials)
+    """The plan's size from the config's counts (``RunConfig.plan_factors``: a group run's
+    group dialogues), until the shards' manifests count it."""
+    return math.prod(config.plan_factors()[0])
 
 
 class _Progress:

@@ -19,18 +19,11 @@ from spasm.runplan import Shard
 __all__ = ["Shard", "parallel_shards", "share_limits"]
 
 
-def _used_backends(config: Any) -> set[str]:
-    used = {p.client for p in config.pairing_list} | {p.responder for p in config.pairing_list}
-    for extra in (config.personas.backend, config.termination.judge_backend, config.harness.backend):
-        if extra:
-            used.add(extra)
-    return used
-
-
 def parallel_shards(config: Any, shards: int, slots: int) -> int:
     """How many shards may run at once so each gets a whole share of every limit: at most
-    ``shards`` and ``slots``, and no more than a backend's ``max_concurrency`` or ``rpm``."""
-    return parallel_ways((config.backends[name] for name in _used_backends(config)), min(shards, slots))
+    ``shards`` and ``slots``, and no more than the ``max_concurrency`` or ``rpm`` of a backend
+    the run uses (``RunConfig.used_backends``)."""
+    return parallel_ways((config.backends[name] for name in config.used_backends), min(shards, slots))
 
 
 def share_limits(config: Any, ways: int, shards: int) -> Any:

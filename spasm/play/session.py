@@ -102,7 +102,6 @@ def play_config(
             h["levels"] = None
         h[seat] = "A"  # a person needs no harness
         data["personas"]["ids"] = [persona_id] if persona_id is not None else None
-        judges_default = pairing.client
     else:
         group = data["group"]
         group["dialogues"] = 1
@@ -110,11 +109,11 @@ def play_config(
             if p["id"] == seat:
                 replaced = p["backend"]
                 p["backend"], p["level"] = name, "A"
-        helper = next(p.backend for p in config.participants if p.role == "responder")
         if group.get("moderator_backend") is None:
-            group["moderator_backend"] = helper
-        judges_default = next(p.backend for p in config.participants if p.role == "client")
-    # What defaults to the seat's backend stays on a model (never asks the person).
+            group["moderator_backend"] = config.seat_backend("responder")
+    # What defaults to the seat's backend stays on a model (never asks the person): the
+    # config's helper backend from before the person took a seat.
+    judges_default = config.helper_backend
     for section, key in (("termination", "judge_backend"), ("scenarios_judge", "backend"),
                          ("personas", "backend")):
         if data[section].get(key) is None:
