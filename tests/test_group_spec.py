@@ -1,4 +1,4 @@
-"""A group dialogue's spec has seats, not a pairing (issue 30): its plan carries no pairing and
+"""A group dialogue's spec has seats, not a pairing: its plan carries no pairing and
 no single persona, the config names the run's backends and its helper backend from the seats,
 and the rows still name the first client and responder seats, as they always have."""
 
