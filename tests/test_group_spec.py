@@ -103,3 +103,23 @@ def test_a_group_run_names_its_first_client_and_responder_seats_in_its_rows(tmp_
     # The eval probe and judge default to the run's helper backend, named honestly.
     chosen = resolve_backend(run)
     assert (chosen.name, chosen.source) == ("cli", "run config (first client seat's)")
+
+
+def test_a_groups_in_flight_count_shard_sizing_and_ray_estimate_read_every_seat(
+    tmp_path: Any,
+) -> None:
+    """The engine's dialogues in flight count every seat's backend (not the first two), a
+    shard is sized by every backend the run uses (the moderator's too), and the Ray progress
+    estimate counts group dialogues."""
+    from spasm.executors.ray_executor import _planned_estimate
+    from spasm.executors.shards import parallel_shards
+
+    data = _group("http://127.0.0.1:9/v1")
+    data["conditions"] = ["ecp", "concat"]
+    for name, slots in {"cli": 2, "fac": 3, "other": 5, "mod": 1}.items():
+        data["backends"][name]["max_concurrency"] = slots
+    config = parse_config(data, "<test>")
+    engine = Engine(config, tmp_path / "run", progress=False)
+    assert engine.dialogues_in_flight(make_backends(config)) == 2 * (2 + 3 + 5)
+    assert parallel_shards(config, 4, 4) == 1  # the moderator takes one request at a time
+    assert _planned_estimate(config) == 2 * 2  # group dialogues × conditions
