@@ -190,11 +190,20 @@ class _Mirror:
     seconds until it is full again, so the refill rate is ``(limit - remaining) / reset``
     (a bucket refilled continuously, as OpenAI's are). Without a limit the rate is unknown
     and an empty mirror waits for the reset instead.
+
+    Providers report ``remaining`` in whole units (rounded down) and ``reset`` from the exact
+    level, so one answer's ``(limit - remaining) / reset`` overstates the rate by up to one
+    unit over the deficit: 30% and more when the bucket is nearly full (a single caller that
+    waits on each answer). Every answer bounds the rate from above, so the mirror takes the
+    lowest bound of the last :attr:`WINDOW_S` seconds (a new limit, or a window without a
+    lower one, starts again: a raised limit is followed). tests/test_limits.py pins it.
     """
 
     #: Share of the provider's refill rate the mirror assumes: a little under, so starts that
     #: the network bunches together do not arrive at an empty bucket.
     MARGIN = 0.97
+    #: How long the lowest rate read from the headers stands against higher readings.
+    WINDOW_S = 10.0
 
     def __init__(self) -> None:
         self.level = 0.0
@@ -202,17 +211,26 @@ class _Mirror:
         self.rate: float | None = None  # units per second
         self.full_at = 0.0  # when a bucket of unknown rate is full again (monotonic)
         self.updated = 0.0
+        self._bound: float | None = None  # the lowest (limit - remaining) / reset of the window
+        self._bound_at = 0.0
 
     def sync(self, remaining: float, limit: float | None, reset: float | None, pending: float,
              now: float) -> None:
         """Take the server's figures (``pending``: what requests in flight, sent after the one
         that brought them, will take)."""
         if limit is not None:
-            self.limit = max(limit, remaining)
+            limit = max(limit, remaining)
+            if limit != self.limit:
+                self._bound = None  # another limit: the old readings bound nothing
+            self.limit = limit
         if reset is not None:
             self.full_at = now + reset
             if self.limit is not None and reset > 0 and self.limit > remaining:
-                self.rate = self.MARGIN * (self.limit - remaining) / reset
+                bound = (self.limit - remaining) / reset
+                if (self._bound is None or bound <= self._bound
+                        or now - self._bound_at > self.WINDOW_S):
+                    self._bound, self._bound_at = bound, now
+                self.rate = self.MARGIN * self._bound
         self.level = remaining - pending
         self.updated = now
 

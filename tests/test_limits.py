@@ -5,6 +5,8 @@ measured in benchmarks/ratelimit.py."""
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +144,37 @@ def test_token_headers_pace_by_the_estimate_calibrated_on_reported_usage(clock: 
     _admit(bl, 2, prompt=100, max_tokens=50)  # 155 each: the first fits in the 200 left, the second waits
     rate = 200 * limits._Mirror.MARGIN
     assert clock.sleeps == pytest.approx([(155 - 45) / rate])
+
+
+def _reading(level: float, capacity: float, rate: float) -> tuple[float, float]:
+    """What a provider's headers say of a bucket at ``level``: ``remaining`` rounded down to a
+    whole unit, ``reset`` from the exact level and written in whole milliseconds."""
+    return math.floor(level), round((capacity - level) / rate * 1000) / 1000
+
+
+def test_the_header_rate_is_the_lowest_bound_of_the_window_not_the_last_reading() -> None:
+    # A bucket of 20 refilled at 100 a second, read nearly full (one caller at a time): one
+    # reading overstates the rate by up to one unit over a deficit of less than one.
+    mirror = limits._Mirror()
+    rng = random.Random(7)
+    levels = [19 + rng.random() for _ in range(40)]
+    overstated = []
+    for i, level in enumerate(levels):
+        remaining, reset = _reading(level, 20, 100)
+        if reset > 0:  # "0ms" says nothing of the rate
+            overstated.append((20 - remaining) / reset)
+        mirror.sync(remaining, 20, reset, 0.0, now=i * 0.01)
+    assert max(overstated) > 150  # what the last-reading estimate would have taken
+    assert mirror.rate is not None
+    assert 0.9 * 100 * mirror.MARGIN <= mirror.rate <= 1.05 * 100 * mirror.MARGIN
+    # The provider doubles the rate: after a window without a lower reading, it is followed.
+    for i, level in enumerate(levels):
+        remaining, reset = _reading(level, 20, 200)
+        mirror.sync(remaining, 20, reset, 0.0, now=1.0 + mirror.WINDOW_S + i * 0.01)
+    assert 0.9 * 200 * mirror.MARGIN <= mirror.rate <= 1.05 * 200 * mirror.MARGIN
+    # A new limit starts again at once.
+    mirror.sync(10, 40, 0.05, 0.0, now=20.0)
+    assert mirror.rate == pytest.approx(mirror.MARGIN * 30 / 0.05)
 
 
 def test_a_429_that_says_the_key_is_spent_holds_everyone_others_delay_only_their_request(
