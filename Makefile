@@ -1,6 +1,6 @@
 # Two commands for a fresh machine (see README):
 #   make run    set up .venv and generate the default dataset on the embedded model (no key)
-#   make test   set up .venv and run ruff, mypy and the test suite
+#   make test   set up .venv and run ruff, mypy and the test suite (on every core)
 #   make fast   the tests not marked e2e (the quick loop while changing the code)
 PYTHON ?= python3
 VENV ?= .venv
@@ -29,8 +29,10 @@ lint: setup
 	$(BIN)/mypy spasm
 	$(BIN)/lint-imports
 
+# The whole suite on every core (pytest-xdist); a test module stays on one worker, so the
+# fixtures it builds once (an evaluated run, a generated run) are built once.
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist loadfile
 
 # The quick loop runs on every core (pytest-xdist), keeps the compiled test modules (pytest's
 # assertion rewriting is most of collecting, and PYTHONDONTWRITEBYTECODE would redo it every
