@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -44,6 +43,7 @@ import numpy.typing as npt
 from spasm.dataset.rows import CallRow
 from spasm.errors import RunError, SpasmError, UserError
 from spasm.evaluation.embeddings import FloatArray, create_embedder, embedder_calls
+from spasm.evaluation.embeddings.openai_api import embed_call_prefix
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -185,7 +185,7 @@ def _worker_options(name: str, options: Mapping[str, Any], index: int) -> dict[s
     (``embed-<time>-w<index>:run#<seq>``), so those of two workers never collide."""
     if name != "openai" or "call_prefix" in options:
         return dict(options)
-    return {**options, "call_prefix": f"embed-{datetime.now(UTC):%Y%m%dT%H%M%S%f}-w{index}"}
+    return {**options, "call_prefix": embed_call_prefix(index)}
 
 
 def _slots(ray: Any, cpus_per_worker: float) -> int:

@@ -25,7 +25,7 @@ from spasm.errors import BackendError, MalformedResponseError, RunError, UserErr
 from spasm.evaluation.embeddings.base import FloatArray, l2_normalise, register_embedder
 from spasm.redact import redact_url
 
-__all__ = ["EMBED_ROLE", "OpenAIEmbedder"]
+__all__ = ["EMBED_ROLE", "OpenAIEmbedder", "embed_call_prefix"]
 
 #: The ``calls.role`` of an embeddings request.
 EMBED_ROLE = "eval_embed"
@@ -33,6 +33,13 @@ EMBED_ROLE = "eval_embed"
 BACKEND_NAME = "embeddings"
 
 R = TypeVar("R")
+
+
+def embed_call_prefix(worker: int | None = None) -> str:
+    """The prefix of an embedder's call ids, ``embed-<time>`` (``embed-<time>-w<worker>`` for
+    a Ray worker's, so that two workers' ids never collide in the run's ``calls`` table)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+    return f"embed-{stamp}" if worker is None else f"embed-{stamp}-w{worker}"
 
 
 def _run_sync(fn: Callable[[], Awaitable[R]]) -> R:
@@ -92,7 +99,7 @@ class OpenAIEmbedder:
         # The name keys the embeddings cache (a folder) and is written to metrics.json.
         self.name = f"openai:{redact_url(base_url) if base_url else 'default'}:{model}"
         self._scope = CallScope()
-        self._pass_id = call_prefix or "embed-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        self._pass_id = call_prefix or embed_call_prefix()
         #: Whether the endpoint has answered a request (a reply it cannot read after that is a
         #: failure of the run, before it a wrong URL).
         self._answered = False
