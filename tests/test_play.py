@@ -3,6 +3,7 @@ the OpenAI-compatible test server over real HTTP; the run it leaves is read back
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -11,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -267,6 +269,41 @@ def test_in_a_terminal_ctrl_c_or_ctrl_d_saves_what_was_said(tmp_path: Path, serv
     assert [t["speaker"] for t in turns] == ["client", "responder"]
     assert turns[0]["text"] == "My parcel never arrived, it is a week late."
     assert turns[0]["typing_ms"] is not None
+
+
+def test_a_ctrl_c_that_wakes_no_read_still_ends_the_prompt() -> None:
+    """A SIGINT the kernel hands to another thread (or one that lands just before the read
+    starts) only marks the handler as due: the relay wakes the prompt's read, and the turn ends
+    as a Ctrl-C ends it. Without the relay the read sleeps until the guard feeds it a line."""
+    from spasm.errors import ParticipantLeft
+    from spasm.play.terminal import TerminalPerson
+
+    r, w = os.pipe()
+    person = TerminalPerson(stdin=os.fdopen(r, "r"), stdout=io.StringIO())
+    fed = threading.Event()
+
+    def other_thread() -> None:
+        deadline = time.monotonic() + 30
+        while not person._reading and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # this thread takes it
+        if not done.wait(10):  # only a guard against a hang, never a measurement
+            fed.set()
+            os.write(w, b"a line typed much later\n")
+
+    done = threading.Event()
+    with person.signals():
+        taker = threading.Thread(target=other_thread)
+        taker.start()
+        try:
+            with pytest.raises(ParticipantLeft, match=r"interrupted \(Ctrl-C\)"):
+                person._read()
+        finally:
+            done.set()
+            taker.join()
+    os.close(w)
+    assert not fed.is_set(), "the read ended only when the guard fed it a line"
+    assert person.ended_by_person
 
 
 @pytest.mark.e2e

@@ -24,6 +24,7 @@ measures only the time from the prompt to the line (``typing_ms``); ``edits`` an
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import sys
@@ -71,6 +72,8 @@ class TerminalPerson:
         #: How many utterances of the dialogue the person has seen (theirs included).
         self._seen = 0
         self._reading = False
+        #: How many times the SIGINT handler ran (the relay's sign that a Ctrl-C arrived).
+        self._sigints = 0
         #: Set by a Ctrl-C between turns: the dialogue ends at the next turn.
         self._left: str | None = None
         self.ended_by_person = False
@@ -261,6 +264,7 @@ class TerminalPerson:
             return
 
         def on_sigint(signum: int, frame: FrameType | None) -> None:
+            self._sigints += 1
             if self._reading or self._left is not None:
                 raise KeyboardInterrupt
             self._left = "the person interrupted (Ctrl-C)"
@@ -271,9 +275,65 @@ class TerminalPerson:
 
         previous = signal.signal(signal.SIGINT, on_sigint)
         try:
-            yield
+            with _SigintRelay(self):
+                yield
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+class _SigintRelay:
+    """Makes a Ctrl-C typed at the prompt end the read, however it lands.
+
+    CPython runs a signal's Python handler only when the main thread next runs bytecode, and
+    a read of the prompt wakes for it only if the signal interrupts that read. A SIGINT that
+    lands while the main thread is in C code on its way into the read (readline between
+    drawing the prompt and its ``select()``), or that the kernel hands to another thread,
+    marks the handler as due and wakes nothing: the prompt would wait on. The relay watches the
+    wakeup fd (written by the C handler in whichever thread it ran) and, while a prompt is open
+    and the handler has not run, sends the main thread :data:`WAKE`, whose empty handler
+    interrupts the read so that the due SIGINT handler runs. SIGURG is ignored by default, so
+    one that arrives after the session is harmless.
+    """
+
+    WAKE = signal.SIGURG
+    #: How long after a Ctrl-C the relay keeps waking a prompt whose handler has not run.
+    PATIENCE_S = 5.0
+
+    def __init__(self, person: TerminalPerson) -> None:
+        self._person = person
+        self._stop = threading.Event()
+
+    def __enter__(self) -> _SigintRelay:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._wake_previous = signal.signal(self.WAKE, lambda signum, frame: None)
+        self._fd_previous = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        self._main = threading.get_ident()  # __enter__ runs on the main thread
+        self._thread = threading.Thread(target=self._watch, name="spasm-sigint-relay", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.set_wakeup_fd(self._fd_previous)
+        self._stop.set()
+        os.write(self._w, b"\0")  # the watcher's read returns and it sees the stop
+        self._thread.join(5)
+        signal.signal(self.WAKE, self._wake_previous)
+        os.close(self._r)
+        os.close(self._w)
+
+    def _watch(self) -> None:
+        person = self._person
+        while not self._stop.is_set():
+            numbers = os.read(self._r, 512)
+            if self._stop.is_set() or signal.SIGINT not in numbers:
+                continue
+            handled = person._sigints
+            deadline = time.monotonic() + self.PATIENCE_S
+            while (person._reading and person._sigints == handled and not self._stop.is_set()
+                   and time.monotonic() < deadline):
+                signal.pthread_kill(self._main, self.WAKE)
+                time.sleep(0.05)
 
 
 def duration_text(seconds: float) -> str:
