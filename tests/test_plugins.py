@@ -1,7 +1,8 @@
 """Plugins through the ``spasm.plugins`` entry-point group: a tiny distribution installed into
 a temporary directory on ``sys.path`` registers a backend, a projection, a termination detector
-and a QA scan with spasm's own decorators, and a run uses all four; a broken plugin is a clear
-error naming its entry point (exit 2)."""
+and a QA scan with spasm's own decorators, and a run uses all four; others register a format,
+an embedder, a tool and a next-speaker policy that Python finds by name without the CLI; a
+broken plugin is a clear error naming its entry point (exit 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pandas as pd
@@ -250,6 +252,81 @@ def test_a_plugins_scan_format_and_embedder_are_found_from_python_without_the_cl
         assert metrics.embedder == "demo-hash" and metrics.counts.texts_embedded > 0
     assert spasm.plugins.loaded_plugins() == ["kinds"]
     assert {"demo_fruit"} <= set(SCANS.names()) and "demo_lines" in FORMATS and "demo_hash" in EMBEDDERS
+
+
+ACTS = textwrap.dedent('''
+    """A demo plugin of the kinds a run looks up by name: a tool a client seat may call and a
+    next-speaker policy."""
+    import spasm
+    from spasm.turn_order import Choice, register_next_speaker
+
+
+    @spasm.tool(owner="client")
+    def demo_peek(world):
+        """Read your latest order's status in the shop's app."""
+        return {"status": world["orders"][world["customer"]["latest_order"]]["status"]}
+
+
+    @register_next_speaker("demo_helper_between")
+    class HelperBetween:
+        """The responder after every client; after the responder, the client who spoke less
+        recently."""
+
+        def __init__(self, setup):
+            self.setup = setup
+
+        async def choose(self, history, session):
+            clients = [s.id for s in self.setup.seats if s.role == "client"]
+            helper = next(s.id for s in self.setup.seats if s.role == "responder")
+            said = [history[i].speaker for i in range(len(history))]
+            if said[-1] != helper:
+                return Choice(helper, "demo: the helper answers")
+            last = {c: max((i for i, s in enumerate(said) if s == c), default=-1) for c in clients}
+            return Choice(min(clients, key=lambda c: last[c]), "demo: the other client")
+''')
+
+
+def _acting_reply(body: dict[str, Any]) -> str | dict[str, Any]:
+    """A client seat peeks at the app (the plugin's tool), the helper looks the order up."""
+    tools = {t["function"]["name"] for t in body.get("tools") or []}
+    if body["messages"][-1]["role"] == "tool" or not tools:
+        return "Thanks, let us see. Order 4471, please."
+    if "demo_peek" in tools:
+        return {"tool_calls": [{"name": "demo_peek", "arguments": {}}]}
+    return {"tool_calls": [{"name": "find_order", "arguments": {"order_id": "4471"}}]}
+
+
+def test_a_plugins_tool_and_next_speaker_policy_run_a_group_from_python(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None) -> None:
+    """No CLI: the config names a tool and a policy only the plugin registers, parsing it loads
+    the plugin, and the Engine's group run speaks in the plugin's order and calls its tool."""
+    from tests.test_tools_run import SHOP, _generate, _group_config
+
+    install(tmp_path / "site", "spasm-demo-acts", "spasm_demo_acts", ACTS, "acts = spasm_demo_acts")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert spasm.plugins.loaded_plugins() == []
+    with TestServer(reply=_acting_reply) as srv:
+        data = _group_config(srv.base_url, tmp_path, ["ecp", "concat"])
+        data["tools"] = [str(SHOP / "tools.py"), "demo_peek"]
+        data["scenarios"][0]["tools"] = ["find_order", "demo_peek"]
+        data["group"]["next_speaker"] = "demo_helper_between"
+        summary = _generate(data, tmp_path / "run")
+    assert summary.completed == summary.planned == 2, summary.line()
+    assert spasm.plugins.loaded_plugins() == ["acts"]
+    assert "demo_peek" in TOOLS and "demo_helper_between" in NEXT_SPEAKERS
+    run = open_run(tmp_path / "run")
+    turns = run.df("turns").sort_values(["dialogue_id", "turn_index"])
+    for _, one in turns.groupby("dialogue_id"):
+        # Round robin would be Ana, Ben, Helper; the plugin puts Helper between the clients.
+        assert len(one) >= 5
+        assert list(one.speaker) == ["Ana", "Helper", "Ben", "Helper", "Ana", "Helper"][:len(one)]
+        assert set(one.next_speaker_reason) == {
+            "opener", "demo: the helper answers", "demo: the other client"}
+    events = run.df("events")
+    peeks = events[(events.kind == "tool_result") & (events.tool == "demo_peek")]
+    assert set(peeks.actor) == {"Ana", "Ben"}
+    assert all(json.loads(r)["status"] == "at depot" for r in peeks.result)
+    assert set(events[events.tool == "find_order"].actor) == {"Helper"}
 
 
 BROKEN = [
