@@ -1,7 +1,9 @@
-"""Shared fixtures. The network is blocked: only loopback connections are allowed."""
+"""Shared fixtures. The network is blocked: only loopback connections are allowed, and spasm's
+on-disk cache is the suite's own, never the user's."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -38,6 +40,32 @@ def _block_network(monkeypatch: pytest.MonkeyPatch) -> None:
     if os.environ.get("SPASM_REAL_API") == "1":
         return
     monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+
+
+#: The embeddings package, whose source names the suite's spasm cache (read, not imported).
+_EMBEDDINGS = Path(__file__).resolve().parent.parent / "spasm" / "evaluation" / "embeddings"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spasm_cache_dir(request: pytest.FixtureRequest,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every test's ``$SPASM_CACHE_DIR``: a folder in pytest's cache named by a digest of the
+    embeddings package's source, so the static embedder's table is distilled once for every
+    worker (the others wait on its lock and read it) and kept for later sessions until that
+    code changes; with ``-p no:cacheprovider``, a folder of this session's. Tests never write
+    the user's own cache (``~/.cache/spasm``)."""
+    source = b"".join(f.read_bytes() for f in sorted(_EMBEDDINGS.glob("*.py")))
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    cache = request.config.cache
+    root = (cache.mkdir(f"spasm-cache-{digest}") if cache is not None
+            else tmp_path_factory.mktemp("spasm-cache"))
+    before = os.environ.get("SPASM_CACHE_DIR")
+    os.environ["SPASM_CACHE_DIR"] = str(root)
+    yield root
+    if before is None:
+        os.environ.pop("SPASM_CACHE_DIR", None)
+    else:
+        os.environ["SPASM_CACHE_DIR"] = before
 
 
 @pytest.fixture

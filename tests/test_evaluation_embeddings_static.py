@@ -2,15 +2,15 @@
 table cache, and `spasm eval --embedder static` end to end.
 
 The table is distilled from the real packaged model (about 20-35 s on the project's 2-core
-machines: every vocabulary token through the ONNX model) at most once per session, into a
-``$SPASM_CACHE_DIR`` kept in pytest's cache while the embeddings package is unchanged; every other
-test reads it from there, and the tests that rebuild a table work on a copy.
+machines: every vocabulary token through the ONNX model) at most once per session, into the
+suite's ``$SPASM_CACHE_DIR`` (tests/conftest.py), kept in pytest's cache while the embeddings
+package is unchanged; every other test reads it from there, and the tests that rebuild a table
+work on a copy.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -37,19 +37,13 @@ NAME = f"static:{LOCAL_MODEL_ID}-distilled-pca256"
 
 
 @pytest.fixture(scope="session")
-def cache_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ``$SPASM_CACHE_DIR`` holding the table distilled from the real model: built at most
-    once per session, and kept in pytest's cache for the next sessions under a digest of the
-    embeddings package's source (any change to the recipe's code distills it again)."""
-    source = b"".join(f.read_bytes() for f in sorted(Path(embeddings.__file__).parent.glob("*.py")))
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    cache = request.config.cache  # None with -p no:cacheprovider: a table for this session only
-    root = (cache.mkdir(f"spasm-static-embedder-{digest}") if cache is not None
-            else tmp_path_factory.mktemp("spasm-cache"))
-    built = StaticEmbedder(cache_dir=root / "static-embedder")
+def cache_root(spasm_cache_dir: Path) -> Path:
+    """The suite's ``$SPASM_CACHE_DIR`` (tests/conftest.py) holding the table distilled from the
+    real model: built at most once per session and kept in pytest's cache for the next ones."""
+    built = StaticEmbedder(cache_dir=spasm_cache_dir / "static-embedder")
     built.embed(["warm up"])
     assert built.table_path is not None and built.table_path.is_file()
-    return root
+    return spasm_cache_dir
 
 
 @pytest.fixture
