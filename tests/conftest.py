@@ -56,7 +56,7 @@ def spasm_cache_dir(request: pytest.FixtureRequest,
     the user's own cache (``~/.cache/spasm``)."""
     source = b"".join(f.read_bytes() for f in sorted(_EMBEDDINGS.glob("*.py")))
     digest = hashlib.sha256(source).hexdigest()[:16]
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # absent with -p no:cacheprovider
     root = (cache.mkdir(f"spasm-cache-{digest}") if cache is not None
             else tmp_path_factory.mktemp("spasm-cache"))
     before = os.environ.get("SPASM_CACHE_DIR")
