@@ -59,13 +59,9 @@ def spasm_cache_dir(request: pytest.FixtureRequest,
     cache = getattr(request.config, "cache", None)  # absent with -p no:cacheprovider
     root = (cache.mkdir(f"spasm-cache-{digest}") if cache is not None
             else tmp_path_factory.mktemp("spasm-cache"))
-    before = os.environ.get("SPASM_CACHE_DIR")
-    os.environ["SPASM_CACHE_DIR"] = str(root)
-    yield root
-    if before is None:
-        os.environ.pop("SPASM_CACHE_DIR", None)
-    else:
-        os.environ["SPASM_CACHE_DIR"] = before
+    with pytest.MonkeyPatch.context() as session:
+        session.setenv("SPASM_CACHE_DIR", str(root))
+        yield root
 
 
 @pytest.fixture

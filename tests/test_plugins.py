@@ -11,7 +11,6 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pandas as pd
@@ -286,26 +285,17 @@ ACTS = textwrap.dedent('''
 ''')
 
 
-def _acting_reply(body: dict[str, Any]) -> str | dict[str, Any]:
-    """A client seat peeks at the app (the plugin's tool), the helper looks the order up."""
-    tools = {t["function"]["name"] for t in body.get("tools") or []}
-    if body["messages"][-1]["role"] == "tool" or not tools:
-        return "Thanks, let us see. Order 4471, please."
-    if "demo_peek" in tools:
-        return {"tool_calls": [{"name": "demo_peek", "arguments": {}}]}
-    return {"tool_calls": [{"name": "find_order", "arguments": {"order_id": "4471"}}]}
-
-
 def test_a_plugins_tool_and_next_speaker_policy_run_a_group_from_python(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: None) -> None:
     """No CLI: the config names a tool and a policy only the plugin registers, parsing it loads
     the plugin, and the Engine's group run speaks in the plugin's order and calls its tool."""
-    from tests.test_tools_run import SHOP, _generate, _group_config
+    from tests.test_tools_run import SHOP, _generate, _group_config, group_reply
 
     install(tmp_path / "site", "spasm-demo-acts", "spasm_demo_acts", ACTS, "acts = spasm_demo_acts")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     assert spasm.plugins.loaded_plugins() == []
-    with TestServer(reply=_acting_reply) as srv:
+    # A client seat peeks at the app (the plugin's tool), the helper looks the order up.
+    with TestServer(reply=group_reply("demo_peek")) as srv:
         data = _group_config(srv.base_url, tmp_path, ["ecp", "concat"])
         data["tools"] = [str(SHOP / "tools.py"), "demo_peek"]
         data["scenarios"][0]["tools"] = ["find_order", "demo_peek"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -268,15 +269,23 @@ def test_prompted_mode_asks_for_a_message_or_calls_through_the_structured_path(
     assert all(view.seen(i).verified for i in range(len(view.turns)))
 
 
-def _group_reply(body: dict[str, Any]) -> str | dict[str, Any]:
-    """The group recipe's server: Ana and Ben check their own app, Helper looks the order up,
-    and everyone answers once a tool has returned."""
-    tools = {t["function"]["name"] for t in body.get("tools") or []}
-    if body["messages"][-1]["role"] == "tool" or not tools:
-        return "Thanks, let us see. Order 4471, please."
-    if "check_app" in tools:
-        return {"tool_calls": [{"name": "check_app", "arguments": {}}]}
-    return {"tool_calls": [{"name": "find_order", "arguments": {"order_id": "4471"}}]}
+def group_reply(client_tool: str) -> Callable[[dict[str, Any]], str | dict[str, Any]]:
+    """The group recipe's server: a client seat calls ``client_tool`` (no arguments), Helper
+    looks the order up, and everyone answers once a tool has returned."""
+
+    def reply(body: dict[str, Any]) -> str | dict[str, Any]:
+        tools = {t["function"]["name"] for t in body.get("tools") or []}
+        if body["messages"][-1]["role"] == "tool" or not tools:
+            return "Thanks, let us see. Order 4471, please."
+        if client_tool in tools:
+            return {"tool_calls": [{"name": client_tool, "arguments": {}}]}
+        return {"tool_calls": [{"name": "find_order", "arguments": {"order_id": "4471"}}]}
+
+    return reply
+
+
+#: Ana and Ben check their own app.
+_group_reply = group_reply("check_app")
 
 
 def _group_config(base_url: str, tmp_path: Path, conditions: list[str]) -> dict[str, Any]:
